@@ -1,0 +1,126 @@
+"""The `dice` command: one subcommand per pipeline stage. It parses arguments and calls the stage; the work
+lives in the stage packages (heavy imports happen inside the commands so `dice --help` stays fast)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from dice_kernels import __version__
+
+app = typer.Typer(help="dice-kernels: train diffusion LLMs to write CUDA kernels, and evaluate kernels honestly.",
+                  no_args_is_help=True, add_completion=False)
+console = Console(stderr=True)
+
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+@app.command("eval")
+def eval_cmd(
+    solutions: list[Path] = typer.Argument(None, help="Solution files (.py, or model output .md/.txt) for --task."),
+    task: Optional[Path] = typer.Option(None, "--task", help="One KernelBench-format task file; evaluates SOLUTIONS against it."),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="Task directory (KernelBench layout) or JSONL file; use with --solutions."),
+    solutions_dir: Optional[Path] = typer.Option(None, "--solutions", help="Directory of solutions, paired to --tasks by file name (19_ReLU.py, level1/19_ReLU/*.py, 19_ReLU_s3.md)."),
+    example: bool = typer.Option(False, "--example", help="Evaluate the small example set shipped with the package."),
+    backend: str = typer.Option("auto", help="cuda | cpu | auto (cuda when a GPU is present). CPU candidates are C++ extensions."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (results.sqlite, results.jsonl, summary.json, report.md, outcomes.png). Default: runs/eval-<time>."),
+    resume: bool = typer.Option(False, "--resume", help="Skip candidates already recorded in --out's database."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel compiles (default: CPU count)."),
+    trials: int = typer.Option(5, help="Correctness trials, each with freshly seeded inputs."),
+    atol: float = typer.Option(1e-2, help="Absolute tolerance."),
+    rtol: float = typer.Option(1e-2, help="Relative tolerance."),
+    timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates and references."),
+    timing_iters: int = typer.Option(30, help="Timed iterations per model (median reported)."),
+    timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run."),
+    compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
+    memory_gb: float = typer.Option(16.0, help="Host memory limit per worker, GiB."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Evaluate CUDA (or C++) kernel solutions against KernelBench-format tasks.
+
+    \b
+    Examples:
+      dice eval --example                                   # shipped examples, CPU or GPU
+      dice eval --task level1/19_ReLU.py sol_a.py sol_b.md  # several solutions, one task
+      dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --jobs 16
+      dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --resume
+
+    Each candidate gets one outcome: correct, generation_failure, compile_error, python_error,
+    cuda_memory_error, runtime_error, timeout, shape_mismatch, value_mismatch, deceptive or harness_error.
+    """
+    from dice_kernels.harness import EvalConfig, evaluate, load_candidate
+    from dice_kernels.harness.candidate import pair_solutions
+    from dice_kernels.report.eval_report import console_table, outcome_table, write_report
+    from dice_kernels.tasks import TaskError, load_task_file, load_tasks
+
+    config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
+                        timing_iters=timing_iters, run_timeout_s=timeout, compile_timeout_s=compile_timeout,
+                        memory_limit_gb=memory_gb)
+    if jobs:
+        config.jobs = jobs
+    if cache_dir:
+        config.cache_dir = cache_dir
+    try:
+        resolved = config.resolved_backend()
+    except ValueError as e:
+        _fail(str(e))
+    try:
+        if example:
+            tasks, solutions_dir = EXAMPLES / "tasks", EXAMPLES / "solutions" / resolved
+        if task is not None:
+            if not solutions:
+                _fail("--task needs at least one SOLUTION file")
+            t = load_task_file(task)
+            missing = [str(p) for p in solutions if not p.is_file()]
+            if missing:
+                _fail(f"solution file(s) not found: {', '.join(missing)}")
+            pairs = [(t, load_candidate(p)) for p in solutions]
+        elif tasks is not None:
+            if solutions_dir is None or not solutions_dir.is_dir():
+                _fail(f"--tasks needs --solutions DIR (got {solutions_dir})")
+            pairs, unmatched = pair_solutions(load_tasks(tasks), solutions_dir)
+            if unmatched:
+                console.print(f"[yellow]{len(unmatched)} solution file(s) match no task, skipped:[/] "
+                              + ", ".join(unmatched[:10]) + (" …" if len(unmatched) > 10 else ""))
+            if not pairs:
+                _fail(f"no solution under {solutions_dir} matches a task in {tasks}")
+        else:
+            _fail("give --task TASK.py SOLUTION..., --tasks DIR|FILE.jsonl --solutions DIR, or --example "
+                  "(see dice eval --help)")
+    except TaskError as e:
+        _fail(str(e))
+    if resume and out is None:
+        _fail("--resume needs --out pointing at the run to resume")
+    out = out or Path("runs") / f"eval-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True, exist_ok=True)
+    console.print(f"evaluating {len(pairs)} candidate(s) on [bold]{resolved}[/] → {out}")
+    start = time.monotonic()
+    evaluate(pairs, config, out_dir=out, resume=resume, progress=progress)
+
+    from dice_kernels.harness.store import ResultStore
+
+    store = ResultStore(out / "results.sqlite")
+    results = store.all()
+    store.export_jsonl(out / "results.jsonl")
+    meta = {**(store.get_meta("platform") or {}), "harness_version": __version__,
+            "wall_s": round(time.monotonic() - start, 1), "command": " ".join(sys.argv)}
+    store.close()
+    s = write_report(out, results, meta)
+    out_console = Console()
+    out_console.print(console_table(s))
+    out_console.print(outcome_table(s))
+    if s["internal_harness_errors"]:
+        console.print(f"[bold red]{s['internal_harness_errors']} internal harness error(s): please report[/]")
+    console.print(f"report: {out / 'report.md'}")

@@ -1,0 +1,48 @@
+"""Exec and fast_p over a set of results, overall and per level, plus the outcome breakdown (pure functions)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+FAST_P = (0.0, 1.0, 1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    n: int
+    exec_rate: float  # fraction correct and not deceptive
+    fast: dict[str, float]  # "fast_1.0" -> fraction correct, not deceptive, speedup > p
+    outcomes: dict[str, int]
+    median_speedup: float | None  # over correct candidates that were timed
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_exec(r: EvalResult) -> bool:
+    return r.outcome is Outcome.CORRECT
+
+
+def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
+    n = len(results)
+    good = [r for r in results if is_exec(r)]
+    fast = {f"fast_{p:g}": (sum(1 for r in good if r.speedup is not None and r.speedup > p) / n if n else 0.0)
+            for p in ps}
+    counts = Counter(r.outcome.value for r in results)
+    speedups = sorted(r.speedup for r in good if r.speedup is not None)
+    median = speedups[len(speedups) // 2] if speedups else None
+    return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
+                   outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median)
+
+
+def by_level(results: list[EvalResult]) -> dict[str, Metrics]:
+    """Metrics per KernelBench level ("L1", ... or "other"), plus "all"."""
+    groups: dict[str, list[EvalResult]] = {}
+    for r in results:
+        groups.setdefault(f"L{r.level}" if r.level is not None else "other", []).append(r)
+    out = {k: compute(v) for k, v in sorted(groups.items())}
+    out["all"] = compute(results)
+    return out

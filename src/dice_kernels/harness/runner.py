@@ -1,0 +1,406 @@
+"""`evaluate()`: the evaluation pipeline for a batch of (task, candidate) pairs.
+
+Builds run in a thread pool (one sandboxed build worker each, content-addressed cache) while the main thread
+runs references and candidates one at a time in fresh sandboxed workers, compares their outputs with the
+reference's, and records each result in the store the moment it is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from dice_kernels import __version__
+from dice_kernels.harness import sandbox
+from dice_kernels.harness.candidate import Candidate
+from dice_kernels.harness.compare import compare_trials
+from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.harness.store import ResultStore
+from dice_kernels.tasks import Task
+
+_WORKER = "dice_kernels.harness.worker"
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The machine and software a run measures on; part of every result and of the build-cache key."""
+
+    backend: str
+    hardware: str
+    cuda_arch: str  # "9.0" on an H200; "" on the CPU backend
+    torch_version: str
+
+    @classmethod
+    def detect(cls, backend: str) -> "Platform":
+        if backend == "cuda":
+            name, arch = _gpu_name_and_arch()
+            return cls("cuda", name, arch, torch.__version__)
+        return cls("cpu", _cpu_name(), "", torch.__version__)
+
+
+def _gpu_name_and_arch() -> tuple[str, str]:
+    try:  # nvidia-smi keeps the parent free of a CUDA context
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        name, cap = (s.strip() for s in line.split(","))
+        return name, cap
+    except (OSError, subprocess.SubprocessError, ValueError):
+        major, minor = torch.cuda.get_device_capability(0)
+        return torch.cuda.get_device_name(0), f"{major}.{minor}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass
+class _Build:
+    """Outcome of building one distinct candidate program (shared by identical candidates)."""
+
+    dir: Path | None
+    ok: bool
+    kind: str = ""
+    error: str = ""
+    compile_s: float = 0.0
+    cache_hit: bool = False
+
+
+@dataclass
+class _Reference:
+    outputs: list | None
+    time_ms: float | None
+    error: str = ""
+
+
+@dataclass
+class _WorkerReport:
+    result: dict | None  # result.json, or None when the worker died before reporting
+    exit: sandbox.WorkerExit
+    workdir: Path
+
+
+@dataclass
+class Evaluator:
+    """One evaluation session: platform, scratch space, build cache and per-task reference outputs."""
+
+    config: EvalConfig
+    platform: Platform
+    scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
+    _seq: int = 0
+
+    # --- workers ------------------------------------------------------------------------------------------
+
+    def _fingerprint(self) -> str:
+        return json.dumps({"harness": __version__, "torch": self.platform.torch_version,
+                           "backend": self.platform.backend, "arch": self.platform.cuda_arch,
+                           "cuda": torch.version.cuda}, sort_keys=True)
+
+    def _new_workdir(self, label: str) -> Path:
+        self._seq += 1
+        d = self.scratch / f"{self._seq:06d}-{label}"
+        d.mkdir(mode=0o700, parents=True)
+        return d
+
+    def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
+                    writable_build: bool, timeout_s: float, label: str) -> _WorkerReport:
+        cfg = self.config
+        workdir = self._new_workdir(label)
+        (workdir / "task.py").write_text(task.code)
+        if code is not None:
+            (workdir / "candidate.py").write_text(code)
+        cuda = self.platform.backend == "cuda"
+        writable = [str(workdir), *sandbox.device_files()]
+        if writable_build and build_dir is not None:
+            writable.append(str(build_dir))
+        limits = sandbox.Limits(memory_bytes=None if cuda else int(cfg.memory_limit_gb * _GIB),
+                                file_bytes=cfg.file_limit_mb << 20, writable=tuple(writable),
+                                isolate_network=cfg.isolate_network, restrict_writes=cfg.restrict_writes)
+        job = {"mode": mode, "role": role, "workdir": str(workdir), "task_path": str(workdir / "task.py"),
+               "candidate_path": str(workdir / "candidate.py") if code is not None else None,
+               "build_dir": str(build_dir) if build_dir else None, "device": "cuda" if cuda else "cpu",
+               "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
+               "warmup": cfg.warmup, "iters": cfg.timing_iters,
+               "limits": {**limits.__dict__, "writable": list(limits.writable)}}
+        (workdir / "job.json").write_text(json.dumps(job))
+        extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
+                     "OMP_NUM_THREADS": str(cfg.cpu_threads)}
+        if cuda:
+            extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
+        exit_ = sandbox.launch(sandbox.python_argv(_WORKER, str(workdir / "job.json")), cwd=workdir,
+                               env=sandbox.scrubbed_env(workdir, extra_env), timeout_s=timeout_s,
+                               rss_limit_bytes=int(cfg.memory_limit_gb * _GIB))
+        result_file = workdir / "result.json"
+        result = None
+        if result_file.exists():
+            try:
+                result = json.loads(result_file.read_text())
+            except (json.JSONDecodeError, OSError):
+                result = None
+        return _WorkerReport(result if isinstance(result, dict) else None, exit_, workdir)
+
+    # --- build --------------------------------------------------------------------------------------------
+
+    def build(self, code: str) -> _Build:
+        """Build (or fetch from the cache) the extensions a candidate compiles at import time."""
+        key = hashlib.sha256((self._fingerprint() + "\0" + code).encode()).hexdigest()
+        final = self.config.cache_dir / key[:2] / key
+        manifest = final / "manifest.json"
+        if manifest.exists():
+            m = json.loads(manifest.read_text())
+            return _Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
+        rep = self._run_worker(mode="build", role="candidate", task=_NO_TASK, code=code, build_dir=staging,
+                               writable_build=True, timeout_s=self.config.compile_timeout_s, label="build")
+        res = rep.result
+        if res is None:
+            kind, error = _death_outcome(rep.exit, self.config, phase="build")
+            shutil.rmtree(staging, ignore_errors=True)
+            _cleanup(rep.workdir)
+            return _Build(None, False, kind.value, error)  # not cached: deaths may be transient
+        ok = res["status"] == "ok"
+        entry = {"ok": ok, "kind": res.get("kind", ""), "error": res.get("error", ""),
+                 "compile_s": res.get("compile_s", 0.0), "built": res.get("built", [])}
+        _cleanup(rep.workdir)
+        if ok or entry["kind"] == Outcome.COMPILE_ERROR.value:  # deterministic results are cached
+            (staging / "manifest.json").write_text(json.dumps(entry))
+            try:
+                os.replace(staging, final)
+            except OSError:  # another process finished the same build first
+                shutil.rmtree(staging, ignore_errors=True)
+            return _Build(final, ok, entry["kind"], entry["error"], entry["compile_s"])
+        shutil.rmtree(staging, ignore_errors=True)
+        return _Build(None, ok, entry["kind"], entry["error"], entry["compile_s"])
+
+    # --- run ----------------------------------------------------------------------------------------------
+
+    def run(self, task: Task, code: str | None, build_dir: Path | None, label: str) -> tuple[dict, list | None,
+                                                                                             sandbox.WorkerExit]:
+        """Run Model (code None) or ModelNew; returns (report, outputs or None, exit info)."""
+        rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
+                               code=code, build_dir=build_dir, writable_build=False,
+                               timeout_s=self.config.run_timeout_s, label=label)
+        outputs = None
+        res = rep.result
+        if res is None:
+            kind, error = _death_outcome(rep.exit, self.config, phase="run")
+            res = {"status": "error", "kind": kind.value, "error": error}
+        elif res.get("status") == "ok":
+            try:
+                outputs = torch.load(rep.workdir / "outputs.pt", weights_only=True, map_location="cpu")
+                if not _is_trials(outputs):
+                    raise ValueError("not a list of lists of tensors")
+            except Exception as e:  # noqa: BLE001 - a candidate controls this file
+                res = {"status": "error", "kind": Outcome.RUNTIME_ERROR.value,
+                       "error": f"worker outputs unreadable: {e}"}
+                outputs = None
+        _cleanup(rep.workdir)
+        return res, outputs, rep.exit
+
+    def reference(self, task: Task) -> _Reference:
+        res, outputs, _ = self.run(task, None, None, label="ref")
+        if outputs is None:
+            return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}")
+        return _Reference(outputs, res.get("time_ms"))
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+_NO_TASK = Task(id="-", name="-", code="")
+
+
+def _is_trials(x) -> bool:
+    return isinstance(x, list) and all(isinstance(t, list) and all(isinstance(v, torch.Tensor) for v in t)
+                                       for t in x)
+
+
+def _cleanup(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str) -> tuple[Outcome, str]:
+    """Outcome for a worker that ended without writing its report."""
+    tail = (exit_.stderr or exit_.stdout)[-1500:].strip()
+    if exit_.timed_out:
+        limit = cfg.compile_timeout_s if phase == "build" else cfg.run_timeout_s
+        return Outcome.TIMEOUT, f"{phase} exceeded the {limit:g}s wall-clock limit"
+    if exit_.memory_exceeded:
+        return Outcome.CUDA_MEMORY_ERROR, f"exceeded the host memory limit of {cfg.memory_limit_gb:g} GiB"
+    sig = exit_.signal_name
+    if sig == "SIGXFSZ":
+        return Outcome.RUNTIME_ERROR, f"wrote a file larger than the {cfg.file_limit_mb} MiB limit"
+    if sig:
+        kind = Outcome.CUDA_MEMORY_ERROR if "memory" in tail.lower() else Outcome.RUNTIME_ERROR
+        return kind, f"worker crashed with {sig}" + (f": {tail}" if tail else "")
+    kind = Outcome.PYTHON_ERROR if phase == "build" else Outcome.RUNTIME_ERROR
+    return kind, f"worker exited with code {exit_.returncode} without reporting (os._exit or abort?)" + (
+        f": {tail}" if tail else "")
+
+
+def _dedupe_key(task: Task, cand: Candidate) -> tuple[str, str]:
+    return task.sha256, cand.sha256
+
+
+def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
+             resume: bool = False, progress: bool = True,
+             on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
+    """Evaluate every (task, candidate) pair; results come back in input order.
+
+    With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
+    pairs already in that database are not evaluated again.
+    """
+    backend = config.resolved_backend()
+    plat = Platform.detect(backend)
+    store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
+    if store:
+        store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
+        store.set_meta("platform", plat.__dict__)
+    done: dict[tuple[str, str, str], EvalResult] = {}
+    if store and resume:
+        done = {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()}
+    ev = Evaluator(config, plat)
+    results: list[EvalResult | None] = [None] * len(pairs)
+    base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,
+                harness_version=__version__)
+
+    def record(i: int, r: EvalResult, fresh: bool = True) -> None:
+        results[i] = r
+        if store and fresh:
+            store.put(r)
+        if on_result:
+            on_result(r)
+
+    todo: list[int] = []
+    for i, (task, cand) in enumerate(pairs):
+        key = (task.id, cand.id, cand.sha256)
+        if key in done:
+            record(i, done[key], fresh=False)
+        elif cand.code is None:
+            record(i, _result(task, cand, Outcome.GENERATION_FAILURE, error=cand.problem, **base))
+        else:
+            todo.append(i)
+
+    bar = _Progress(len(pairs), len(pairs) - len(todo), enabled=progress)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, config.jobs)) as pool:
+            builds: dict[str, Future] = {}
+            for i in todo:  # submitted in task order, so the pool works ahead of the runner
+                code = pairs[i][1].code
+                if pairs[i][1].sha256 not in builds:
+                    builds[pairs[i][1].sha256] = pool.submit(ev.build, code)
+            remaining: dict[str, int] = {}
+            for i in todo:
+                remaining[pairs[i][0].id] = remaining.get(pairs[i][0].id, 0) + 1
+            refs: dict[str, _Reference] = {}
+            seen: dict[tuple[str, str], EvalResult] = {}
+            for i in todo:
+                task, cand = pairs[i]
+                bar.describe(f"{task.id} {Path(cand.id).name}")
+                start = time.monotonic()
+                dup = seen.get(_dedupe_key(task, cand))
+                if dup is not None:
+                    r = EvalResult(**{**dup.__dict__, "candidate_id": cand.id, "solution_path": cand.path,
+                                      "extra": {**dup.extra, "duplicate_of": dup.candidate_id}})
+                else:
+                    b = builds[cand.sha256].result()
+                    if task.id not in refs and b.ok:
+                        refs[task.id] = ev.reference(task)
+                    r = _evaluate_one(ev, task, cand, b, refs.get(task.id), base)
+                    r.wall_s = time.monotonic() - start
+                    seen[_dedupe_key(task, cand)] = r
+                record(i, r)
+                bar.advance(r.outcome)
+                remaining[task.id] -= 1
+                if remaining[task.id] == 0:
+                    refs.pop(task.id, None)  # reference outputs can be large: keep only live tasks'
+    finally:
+        bar.close()
+        ev.close()
+        if store:
+            store.close()
+    return [r for r in results if r is not None]
+
+
+def _result(task: Task, cand: Candidate, outcome: Outcome, **kw) -> EvalResult:
+    return EvalResult(task_id=task.id, candidate_id=cand.id, candidate_sha256=cand.sha256, outcome=outcome,
+                      correct=outcome is Outcome.CORRECT, solution_path=cand.path, level=task.level, **kw)
+
+
+def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _Reference | None,
+                  base: dict) -> EvalResult:
+    cfg = ev.config
+    extra = {"build_cache_hit": b.cache_hit}
+    if not b.ok:
+        return _result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
+                       compile_s=b.compile_s, extra=extra, **base)
+    if ref is None or ref.outputs is None:
+        return _result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
+                       error=f"task error: the reference Model failed ({ref.error if ref else 'not run'})",
+                       extra={**extra, "task_error": True}, **base)
+    res, outputs, exit_ = ev.run(task, cand.code, b.dir, label="cand")
+    extra.update(sandbox=res.get("sandbox", []), host_ms=res.get("host_ms"))
+    compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
+    if outputs is None:
+        outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
+        return _result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
+                       correctness_trials=cfg.trials, extra={**extra, "phase": res.get("phase", "")}, **base)
+    cmp = compare_trials(ref.outputs, outputs, cfg.atol, cfg.rtol)
+    timed = cmp.outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms
+    speedup = ref.time_ms / res["time_ms"] if timed and res["time_ms"] > 0 else None
+    return _result(task, cand, cmp.outcome, error=cmp.message, compile_s=compile_s,
+                   ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
+                   correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,
+                   timing_trials=cfg.timing_iters if timed else 0, max_abs_diff=cmp.max_abs_diff,
+                   extra=extra, **base)
+
+
+class _Progress:
+    """A rich progress bar with live outcome counts (silent when disabled)."""
+
+    def __init__(self, total: int, completed: int, enabled: bool):
+        self.counts: dict[str, int] = {}
+        self._p = None
+        if enabled and total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                               TextColumn("{task.description}"), transient=False)
+            self._p.start()
+            self._id = self._p.add_task("", total=total, completed=completed)
+
+    def describe(self, what: str) -> None:
+        if self._p:
+            self._p.update(self._id, description=f"{self._summary()} {what}")
+
+    def advance(self, outcome: Outcome) -> None:
+        self.counts[outcome.value] = self.counts.get(outcome.value, 0) + 1
+        if self._p:
+            self._p.update(self._id, advance=1, description=self._summary())
+
+    def _summary(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+
+    def close(self) -> None:
+        if self._p:
+            self._p.stop()

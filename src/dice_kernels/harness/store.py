@@ -1,0 +1,66 @@
+"""The results store: one SQLite database per run directory, the source of truth, written as each candidate
+finishes (so a killed run loses nothing), plus the `results.jsonl` export."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import fields
+from pathlib import Path
+
+from dice_kernels.harness.outcomes import EvalResult
+
+_COLUMNS = [f.name for f in fields(EvalResult)]
+
+
+class ResultStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        cols = ", ".join(f"{c} TEXT" if c in ("extra",) else c for c in _COLUMNS)
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS results (rowid INTEGER PRIMARY KEY, {cols}, "
+                         "UNIQUE(task_id, candidate_id, candidate_sha256))")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        self._db.commit()
+
+    def put(self, result: EvalResult) -> None:
+        row = result.to_row()
+        row["extra"] = json.dumps(row["extra"])
+        placeholders = ", ".join("?" for _ in _COLUMNS)
+        self._db.execute(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
+                         [row[c] for c in _COLUMNS])
+        self._db.commit()
+
+    def done_keys(self) -> set[tuple[str, str, str]]:
+        """(task_id, candidate_id, candidate_sha256) of every finished evaluation, for --resume."""
+        cur = self._db.execute("SELECT task_id, candidate_id, candidate_sha256 FROM results")
+        return set(cur.fetchall())
+
+    def all(self) -> list[EvalResult]:
+        cur = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results ORDER BY rowid")
+        out = []
+        for values in cur.fetchall():
+            row = dict(zip(_COLUMNS, values))
+            row["extra"] = json.loads(row["extra"] or "{}")
+            row["correct"] = bool(row["correct"])
+            out.append(EvalResult.from_row(row))
+        return out
+
+    def set_meta(self, key: str, value) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+        self._db.commit()
+
+    def get_meta(self, key: str, default=None):
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def export_jsonl(self, path: str | Path) -> None:
+        with open(path, "w") as f:
+            for r in self.all():
+                f.write(json.dumps(r.to_row()) + "\n")
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,132 @@
+"""Who may attend to whom, and the two kernels that apply it. The block-diffusion rule is one `mask_mod` function
+of per-token metadata (`Layout`); FlexAttention evaluates it lazily (no L x L tensor), and the SDPA path (KV cache,
+CPU, the dense benchmark variant) gets its boolean mask from the same function, evaluated with broadcasting."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per-token metadata the mask is a function of; each field is [B, L].
+
+    doc:   sample id inside a packed row; tokens only see tokens of their own sample.
+    pos:   position within the sample: the RoPE position, and block index = pos // block_size, so the block
+           grid starts at position 0 of every sample.
+    noisy: the token belongs to a noisy (partly masked) copy of its block rather than the clean one.
+    """
+
+    doc: Tensor
+    pos: Tensor
+    noisy: Tensor
+
+    @staticmethod
+    def clean(pos: Tensor) -> Layout:
+        """One clean sample per row (inference without a cache, or a plain causal LM with block_size 1)."""
+        return Layout(doc=torch.zeros_like(pos), pos=pos, noisy=torch.zeros_like(pos, dtype=torch.bool))
+
+    def cat(self, other: Layout) -> Layout:
+        return Layout(*(torch.cat([a, b], dim=1) for a, b in
+                        ((self.doc, other.doc), (self.pos, other.pos), (self.noisy, other.noisy))))
+
+
+def block_diffusion_mask_mod(q: Layout, k: Layout, block_size: int) -> MaskMod:
+    """The SDAR mask as a FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool.
+
+    noisy query: sees the noisy tokens of its own block (bidirectional) and the clean tokens of earlier blocks;
+    clean query: sees clean tokens of its own and earlier blocks (block-causal; block_size 1 = causal);
+    all of this within one sample. A clean query never sees a noisy token.
+    """
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        q_block = q.pos[b, q_idx] // block_size
+        k_block = k.pos[b, kv_idx] // block_size
+        k_noisy = k.noisy[b, kv_idx]
+        from_noisy = torch.where(k_noisy, k_block == q_block, k_block < q_block)
+        from_clean = ~k_noisy & (k_block <= q_block)
+        return torch.where(q.noisy[b, q_idx], from_noisy, from_clean) & (q.doc[b, q_idx] == k.doc[b, kv_idx])
+
+    return mask_mod
+
+
+def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: torch.device) -> Tensor:
+    """Evaluate a mask_mod on every (query, key) pair at once: a bool [B, 1, Q, K] tensor for SDPA."""
+    b = torch.arange(batch, device=device)[:, None, None]
+    q_idx = torch.arange(q_len, device=device)[None, :, None]
+    kv_idx = torch.arange(kv_len, device=device)[None, None, :]
+    return mask_mod(b, torch.zeros((), dtype=torch.long, device=device), q_idx, kv_idx)[:, None]
+
+
+def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
+    """FlexAttention's block-sparse view of a mask_mod. On CUDA the mask_mod is compiled and evaluated tile by
+    tile, so no Q x K tensor is ever materialised; on CPU (tests) it is evaluated eagerly."""
+    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
+
+
+class KVCache:
+    """Keys and values of every layer, indexed by slot. The sampler uses slot = absolute position, plus a few
+    scratch slots past the end for padding queries whose K/V must go nowhere."""
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, slots: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        # Zeros, not empty: slots never written may still fall inside the attended range (masked out), and
+        # 0 * NaN from uninitialised memory would poison the softmax-weighted sum.
+        shape = (num_layers, batch, num_kv_heads, slots, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def write_and_read(self, layer: int, k: Tensor, v: Tensor, slots: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Store this forward's k/v [B, Hkv, Q, D] at `slots` [B, Q]; return the keys/values of slots [0, kv_len)."""
+        index = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
+
+
+@dataclass
+class Attention:
+    """How the tokens of one forward attend.
+
+    mask:  a flex `BlockMask`, or a dense bool [B, 1, Q, K] (SDPA path);
+    cache: if given, each layer writes its K/V to `slots` [B, Q] and attends over cache slots [0, kv_len),
+           so K is the cache, not the forward's own tokens.
+    """
+
+    mask: BlockMask | Tensor
+    cache: KVCache | None = None
+    slots: Tensor | None = None
+    kv_len: int = 0
+
+
+def fold_gqa_mask(mask: Tensor, groups: int) -> Tensor:
+    """Repeat a [B, 1, Q, K] mask along the query axis to match `attend`'s GQA folding (once per forward)."""
+    return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor) -> Tensor:
+    """Attention of q [B, Hq, Q, D] over k, v [B, Hkv, K, D]; a dense `mask` must already be GQA-folded."""
+    if isinstance(mask, BlockMask):
+        # Eager flex runs on CPU (forward only) by materialising scores; on CUDA it must be compiled to be fused.
+        flex = _compiled_flex() if q.is_cuda else flex_attention
+        return flex(q, k, v, block_mask=mask, enable_gqa=True)
+    # GQA without copying K/V: the G query heads that share a kv head become G x Q queries of that head.
+    # Works with every SDPA backend (enable_gqa does not) and suits decoding, where Q is tiny.
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, -1, head_dim), k, v, attn_mask=mask)
+    return out.view(batch, q_heads, q_len, head_dim)

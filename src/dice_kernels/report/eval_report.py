@@ -1,0 +1,121 @@
+"""Writes an evaluation run's `summary.json`, `report.md` and `outcomes.png`, and prints its console table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dice_kernels.harness.metrics import FAST_P, by_level
+from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def summary(results: list[EvalResult], meta: dict) -> dict:
+    levels = by_level(results)
+    harness_errors = [r for r in results if r.outcome is Outcome.HARNESS_ERROR]
+    task_errors = sorted({r.task_id for r in harness_errors if r.extra.get("task_error")})
+    speedups = sorted(r.speedup for r in results if r.outcome is Outcome.CORRECT and r.speedup is not None)
+    return {
+        **meta,
+        "metrics": {k: m.to_dict() for k, m in levels.items()},
+        "tasks_with_failing_reference": task_errors,
+        "internal_harness_errors": sum(1 for r in harness_errors if not r.extra.get("task_error")),
+        "speedup_quantiles": _quantiles(speedups),
+    }
+
+
+def _quantiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return {"min": xs[0], "p25": pick(0.25), "median": pick(0.5), "p75": pick(0.75), "max": xs[-1]}
+
+
+def markdown(s: dict) -> str:
+    lines = ["# Evaluation report", ""]
+    for key in ("backend", "hardware", "torch_version", "harness_version", "wall_s", "command"):
+        if key in s:
+            lines.append(f"- **{key}**: {s[key]}")
+    lines += ["", "## Exec and fast_p (vs PyTorch eager)", "",
+              "| level | n | Exec | " + " | ".join(f"fast_{p:g}" for p in FAST_P) + " | median speedup |",
+              "|---|---|---|" + "---|" * len(FAST_P) + "---|"]
+    for level, m in s["metrics"].items():
+        med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
+        lines.append(f"| {level} | {m['n']} | {_pct(m['exec_rate'])} | "
+                     + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P) + f" | {med} |")
+    lines += ["", "## Outcomes", "", "| outcome | count |", "|---|---|"]
+    for outcome, count in s["metrics"]["all"]["outcomes"].items():
+        if count:
+            lines.append(f"| {outcome} | {count} |")
+    if s["tasks_with_failing_reference"]:
+        lines += ["", "Tasks whose reference `Model` itself fails (their candidates are counted as harness_error "
+                  "with `task_error`): " + ", ".join(s["tasks_with_failing_reference"])]
+    if s["speedup_quantiles"]:
+        q = s["speedup_quantiles"]
+        lines += ["", "Speedup of correct candidates: " + ", ".join(f"{k} {v:.2f}×" for k, v in q.items())]
+    lines += ["", "![outcomes](outcomes.png)", ""]
+    return "\n".join(lines)
+
+
+def outcome_chart(metrics_all: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = [(k, v) for k, v in metrics_all["outcomes"].items() if v]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * max(3, len(items)) + 1))
+    names = [k for k, _ in items][::-1]
+    counts = [v for _, v in items][::-1]
+    colors = ["#2e7d32" if n == "correct" else "#c62828" if n in ("deceptive", "harness_error") else "#757575"
+              for n in names]
+    ax.barh(names, counts, color=colors)
+    for y, c in enumerate(counts):
+        ax.text(c, y, f" {c}", va="center")
+    ax.set_xlabel("candidates")
+    ax.set_title(f"Outcomes ({metrics_all['n']} candidates)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out_dir: str | Path, results: list[EvalResult], meta: dict) -> dict:
+    out = Path(out_dir)
+    s = summary(results, meta)
+    (out / "summary.json").write_text(json.dumps(s, indent=2))
+    (out / "report.md").write_text(markdown(s))
+    try:
+        outcome_chart(s["metrics"]["all"], out / "outcomes.png")
+    except ImportError:  # matplotlib is an optional extra; the markdown still lists the counts
+        pass
+    return s
+
+
+def console_table(s: dict):
+    from rich.table import Table
+
+    table = Table(title="dice eval")
+    for col in ("level", "n", "Exec", *(f"fast_{p:g}" for p in FAST_P), "median speedup"):
+        table.add_column(col, justify="right")
+    for level, m in s["metrics"].items():
+        med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
+        table.add_row(level, str(m["n"]), _pct(m["exec_rate"]), *(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P),
+                      med)
+    return table
+
+
+def outcome_table(s: dict):
+    from rich.table import Table
+
+    table = Table(title="outcomes")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    for outcome, count in s["metrics"]["all"]["outcomes"].items():
+        if count:
+            table.add_row(outcome, str(count))
+    return table
+
+

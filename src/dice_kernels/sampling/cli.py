@@ -1,0 +1,96 @@
+"""`dice generate`: a checkpoint directory and a prompt (or a KernelBench task file) in, generated program out,
+optionally handed straight to `dice eval`. Heavy imports happen inside the command."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def generate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", exists=True, file_okay=False,
+                                    help="Hugging Face checkpoint directory (config.json, *.safetensors, "
+                                         "tokenizer.json), model_type sdar or qwen3."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (sent as a chat user turn)."),
+    task: Optional[Path] = typer.Option(None, "--task", "-t", exists=True, dir_okay=False,
+                                        help="KernelBench task file (Model, get_inputs, get_init_inputs): builds "
+                                             "the one-shot 'write ModelNew with CUDA kernels' prompt."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Save the raw model output here (.md or .txt: `dice eval` extracts "
+                                            "the first ```python block from it)."),
+    run_eval: bool = typer.Option(False, "--eval", help="Then run `dice eval --task TASK OUT` (needs --task)."),
+    max_new_tokens: int = typer.Option(4096, help="Stop after this many new tokens."),
+    block_size: Optional[int] = typer.Option(None, help="Tokens per diffusion block [default: the checkpoint's, "
+                                                        "SDAR 4]."),
+    steps: int = typer.Option(4, help="Denoising forwards per block: block_size / steps tokens per forward."),
+    strategy: str = typer.Option("static", help="Which masked tokens to commit each step: static (most "
+                                                "confident), dynamic (all above --threshold), sequential "
+                                                "(left to right)."),
+    threshold: float = typer.Option(0.9, help="Confidence threshold of the dynamic strategy."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (DICE's evaluation setting); RL used 1.0."),
+    top_k: int = typer.Option(0, help="Sample among the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
+    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
+    dtype: str = typer.Option("auto", help=f"One of {', '.join(_DTYPES)}; auto = the checkpoint's dtype on "
+                                           "GPU, float32 on CPU."),
+    device: str = typer.Option("auto", help="cuda, cpu, cuda:1, ... (auto: cuda if available)."),
+) -> None:
+    """Generate a program with a block-diffusion (SDAR) checkpoint.
+
+    Examples:
+
+      dice generate -c ckpt/SDAR-4B-Chat --task level1/19_ReLU.py --out relu.md --eval
+
+      dice generate -c ckpt/SDAR-4B-Chat -p "Write a CUDA kernel for a 2D transpose." --temperature 1.0 --seed 0
+    """
+    if (prompt is None) == (task is None):
+        raise typer.BadParameter("give exactly one of --prompt or --task")
+    if run_eval and task is None:
+        raise typer.BadParameter("--eval needs --task")
+    if out is not None and out.suffix == ".py":
+        raise typer.BadParameter("--out saves the raw model output, which `dice eval` reads as code when the file "
+                                 "ends in .py; use .md or .txt so it extracts the first ```python block")
+    if dtype not in _DTYPES:
+        raise typer.BadParameter(f"--dtype must be one of {_DTYPES}")
+
+    import torch
+
+    from dice_kernels.sampling.decoder import SamplingConfig
+    from dice_kernels.sampling.generate import Generator
+    from dice_kernels.sampling.prompts import kernelbench_prompt
+    from dice_kernels.tasks.loader import load_task_file
+
+    cfg = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps, strategy=strategy,
+                         threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    torch_dtype = (None if dev.type == "cuda" else torch.float32) if dtype == "auto" else getattr(torch, dtype)
+    text = kernelbench_prompt(load_task_file(task).code) if task is not None else prompt
+
+    generator = Generator.from_checkpoint(checkpoint, dtype=torch_dtype, device=dev)
+    began = time.perf_counter()
+    result = generator([text], cfg, chat=not raw)[0]
+    seconds = time.perf_counter() - began
+    typer.echo(result.text)
+    typer.echo(f"[{len(result.token_ids)} tokens in {seconds:.1f}s, "
+               f"{'stopped' if result.stopped else 'hit --max-new-tokens'}]", err=True)
+
+    solution = out
+    if run_eval and solution is None:
+        solution = Path(tempfile.mkdtemp(prefix="dice-generate-")) / "solution.md"
+    if solution is not None:
+        solution.parent.mkdir(parents=True, exist_ok=True)
+        solution.write_text(result.text)
+    if run_eval:
+        dice = shutil.which("dice")
+        command = [dice] if dice else [sys.executable, "-c", "from dice_kernels.cli import app; app()"]
+        raise typer.Exit(subprocess.call([*command, "eval", "--task", str(task), str(solution)]))

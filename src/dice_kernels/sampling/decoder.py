@@ -1,0 +1,199 @@
+"""Batched block-diffusion decoding on token ids: per row, blocks of `block_size` positions on one grid from
+absolute position 0, each denoised in up to `steps` forwards against a KV cache. Returns the generated ids and,
+per token, the denoising step that unmasked it (the trajectory RL replays).
+
+Cache commits cost no extra forward: the K/V of a finished block must come from its *final* tokens, and the last
+denoising forward saw some of them still masked, so the finished block rides along as clean queries in the first
+forward of the next block (written to its slots, attended block-causally by itself and by the new block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dice_kernels.model.attention import Attention, KVCache, Layout, block_diffusion_mask_mod, dense_mask
+from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 4096
+    block_size: int | None = None  # None: the model's (SDAR: 4)
+    steps: int = 4  # denoising forwards per block, at most; block_size / steps tokens per forward at least
+    strategy: str = "static"  # static | dynamic | sequential (see strategies.choose_unmask)
+    threshold: float = 0.9  # dynamic: unmask everything at least this confident
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    use_cache: bool = True  # False recomputes the whole sequence every forward (a reference for tests)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.max_new_tokens < 1 or self.steps < 1:
+            raise ValueError("max_new_tokens and steps must be >= 1")
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]  # generated ids per row, through the stop token when there is one
+    unmask_steps: list[list[int]]  # per generated token: 0-based denoising step within its block
+    stopped: list[bool]  # True: ended at a stop token; False: reached max_new_tokens
+    forwards: int  # model forwards after the prefill
+
+
+@dataclass
+class _State:
+    """Per-row decoding state; every tensor has the batch as its first dimension."""
+
+    seq: Tensor  # [B, T] prompt, then generated ids; mask id where undecided
+    unmask_step: Tensor  # [B, T] step that unmasked each position, -1 elsewhere
+    prompt_len: Tensor  # [B]
+    start: Tensor  # [B] first position of the block being denoised
+    step: Tensor  # [B] denoising step within that block
+    masked_at_start: Tensor  # [B] masks the block had when it began
+    commit: Tensor  # [B] bool: the previous block is final but its K/V are not in the cache yet
+    done: Tensor  # [B] bool
+
+
+def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: int, device: torch.device) -> _State:
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    if (lengths == 0).any():
+        raise ValueError("every prompt needs at least one token")
+    total = -(-(int(lengths.max()) + max_new) // block) * block
+    seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        seq[row, : len(prompt)] = torch.tensor(prompt, device=device)
+    # The prompt is prefilled up to its last whole block; its remainder opens the first decode block unmasked.
+    start = lengths // block * block
+    zeros = torch.zeros_like(lengths)
+    return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
+                  masked_at_start=start + block - lengths, commit=zeros.bool(), done=zeros.bool())
+
+
+class _CachedForward:
+    """Logits of each row's current block from a KV cache: one prefill, then block-sized forwards."""
+
+    def __init__(self, model: BlockDiffusionLM, state: _State, block: int):
+        cfg, seq = model.config, state.seq
+        self.model, self.block = model, block
+        self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
+        self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, seq.shape[1] + block,
+                             cfg.head_dim, next(model.parameters()).dtype, seq.device)
+        prefill = int(state.start.max())
+        if prefill:
+            # Rows with shorter prompts prefill tokens past their own start too: those slots lie in blocks
+            # their current block cannot see, and are overwritten before they become visible.
+            ids = seq[:, :prefill]
+            pos = torch.arange(prefill, device=seq.device).expand_as(ids)
+            layout = Layout.clean(pos)
+            mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *ids.shape, prefill, seq.device)
+            model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
+
+    def __call__(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
+        block, offsets = self.block, torch.arange(self.block, device=state.seq.device)
+        cur = state.start[:, None] + offsets
+        q_pos, q_slots, q_noisy = cur, cur, torch.ones_like(cur, dtype=torch.bool)
+        if any_commit:
+            # Rows committing send the finished block as clean queries; the others send a copy of their current
+            # block as padding (noisy, so it always sees something) whose K/V go to scratch slots.
+            commit = state.commit[:, None]
+            first_pos = torch.where(commit, cur - block, cur)
+            q_pos = torch.cat([first_pos, cur], 1)
+            q_slots = torch.cat([torch.where(commit, cur - block, self.scratch + offsets), cur], 1)
+            q_noisy = torch.cat([~commit.expand_as(cur), q_noisy], 1)
+        k_pos = torch.arange(kv_len, device=cur.device).expand(cur.shape[0], -1)
+        queries = Layout(doc=torch.zeros_like(q_pos), pos=q_pos, noisy=q_noisy)
+        # Cache slot = position. Slots from the current block on hold this forward's noisy tokens (or stale
+        # data in later blocks, which the block rule hides).
+        keys = Layout(doc=torch.zeros_like(k_pos), pos=k_pos, noisy=k_pos >= state.start[:, None])
+        mask = dense_mask(block_diffusion_mask_mod(queries, keys, block), *q_pos.shape, kv_len, cur.device)
+        ids = state.seq.gather(1, q_pos)
+        return self.model(ids, q_pos, Attention(mask, self.cache, q_slots, kv_len), keep=slice(-block, None))
+
+
+def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len: int) -> Tensor:
+    """The same logits without a cache: the whole sequence up to the furthest current block, every forward."""
+    pos = torch.arange(kv_len, device=state.seq.device).expand(state.seq.shape[0], -1)
+    start = state.start[:, None]
+    layout = Layout(doc=torch.zeros_like(pos), pos=pos, noisy=(pos >= start) & (pos < start + block))
+    mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *pos.shape, kv_len, pos.device)
+    hidden = model.hidden_states(state.seq[:, :kv_len], pos, Attention(mask))
+    cur = start + torch.arange(block, device=pos.device)
+    return model.lm_head(hidden.gather(1, cur[..., None].expand(-1, -1, hidden.shape[-1])))
+
+
+def _denoise_step(state: _State, logits: Tensor, cfg: SamplingConfig, block: int, mask_id: int,
+                  stop_ids: Tensor, generator: torch.Generator | None) -> None:
+    """Sample, unmask some positions of each row's block, and move rows whose block is final to the next one."""
+    cur = state.start[:, None] + torch.arange(block, device=logits.device)
+    tokens_now = state.seq.gather(1, cur)
+    masked = tokens_now == mask_id
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logits[..., mask_id] = float("-inf")  # the mask token is never a prediction
+    tokens, confidence = sample_tokens(logits, cfg.temperature, cfg.top_k, cfg.top_p, generator)
+    count = transfer_count(state.masked_at_start, state.step, cfg.steps)
+    chosen = choose_unmask(confidence, masked, count, cfg.strategy, cfg.threshold) & ~state.done[:, None]
+    state.seq.scatter_(1, cur, torch.where(chosen, tokens, tokens_now))
+    steps_now = state.unmask_step.gather(1, cur)
+    state.unmask_step.scatter_(1, cur, torch.where(chosen, state.step[:, None], steps_now))
+    state.step += 1
+
+    finished = ~(masked & ~chosen).any(-1) & ~state.done
+    generated = cur >= state.prompt_len[:, None]
+    hit_stop = (torch.isin(state.seq.gather(1, cur), stop_ids) & generated).any(-1)
+    at_limit = state.start + block >= state.prompt_len + cfg.max_new_tokens
+    state.done |= finished & (hit_stop | at_limit)
+    advance = finished & ~state.done
+    state.commit = advance
+    state.start += block * advance
+    state.step = torch.where(advance, 0, state.step)
+    state.masked_at_start = torch.where(advance, block, state.masked_at_start)
+
+
+@torch.inference_mode()
+def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfig, stop_ids: list[int]) -> Decoded:
+    """Generate after each prompt (token ids, any lengths) until a stop token or `max_new_tokens`."""
+    device = next(model.parameters()).device
+    block, mask_id = cfg.block_size or model.config.block_size, model.config.mask_token_id
+    if mask_id is None:
+        raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
+    state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
+    generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
+    stops = torch.tensor(stop_ids, device=device)
+    cached = _CachedForward(model, state, block) if cfg.use_cache else None
+    max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
+    forwards = 0
+    while True:
+        # The one host sync per forward: the loop condition and the shapes of the next forward.
+        all_done, any_commit, furthest = torch.stack(
+            [state.done.all(), state.commit.any(), state.start.max()]).tolist()
+        if all_done:
+            break
+        if forwards == max_forwards:
+            raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
+        kv_len = furthest + block
+        logits = (cached(state, bool(any_commit), kv_len) if cached is not None
+                  else _uncached_forward(model, state, block, kv_len))
+        _denoise_step(state, logits, cfg, block, mask_id, stops, generator)
+        forwards += 1
+    return _collect(state, cfg.max_new_tokens, stops, forwards)
+
+
+def _collect(state: _State, max_new: int, stops: Tensor, forwards: int) -> Decoded:
+    out = Decoded(tokens=[], unmask_steps=[], stopped=[], forwards=forwards)
+    seq, steps, lengths = state.seq.tolist(), state.unmask_step.tolist(), state.prompt_len.tolist()
+    stop_set = set(stops.tolist())
+    for row, n in enumerate(lengths):
+        ids = seq[row][n: n + max_new]
+        end = next((i + 1 for i, t in enumerate(ids) if t in stop_set), None)
+        out.stopped.append(end is not None)
+        out.tokens.append(ids[:end])
+        out.unmask_steps.append(steps[row][n: n + len(out.tokens[-1])])
+    return out

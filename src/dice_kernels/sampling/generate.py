@@ -1,0 +1,49 @@
+"""Text in, text out: a checkpoint's model and tokenizer, the chat format, and `GenerationResult` records
+(text, generated ids and each token's unmasking step) around the token-level decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dice_kernels.model.checkpoint import load_model
+from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
+from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.sampling.decoder import SamplingConfig, decode
+
+
+@dataclass
+class GenerationResult:
+    text: str  # the generated text, without the stop token
+    token_ids: list[int]  # generated ids, through the stop token when there is one
+    unmask_steps: list[int]  # per generated id: the denoising step (within its block) that unmasked it
+    prompt_ids: list[int]  # generated token i sits at absolute position len(prompt_ids) + i
+    stopped: bool  # ended at a stop token (False: reached max_new_tokens)
+
+
+@dataclass
+class Generator:
+    model: BlockDiffusionLM
+    tokenizer: Any
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, dtype: torch.dtype | None = None,
+                        device: str | torch.device = "cpu") -> Generator:
+        return cls(load_model(directory, dtype=dtype, device=device), load_tokenizer(directory))
+
+    def __call__(self, prompts: list[str], cfg: SamplingConfig, chat: bool = True,
+                 system: str | None = None) -> list[GenerationResult]:
+        """Generate for each prompt; `chat` wraps it as a user turn in the checkpoint's chat format."""
+        texts = [chat_prompt(self.tokenizer, p, system) if chat else p for p in prompts]
+        prompt_ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        stops = stop_token_ids(self.tokenizer)
+        out = decode(self.model, prompt_ids, cfg, list(stops))
+        results = []
+        for ids, steps, stopped, prompt in zip(out.tokens, out.unmask_steps, out.stopped, prompt_ids):
+            text = self.tokenizer.decode(ids[:-1] if stopped else ids)
+            results.append(GenerationResult(text=text, token_ids=ids, unmask_steps=steps, prompt_ids=prompt,
+                                            stopped=stopped))
+        return results

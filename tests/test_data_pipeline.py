@@ -1,0 +1,126 @@
+"""`build` end to end on a small constructed corpus (no GPU: CUDA pairs pass marked unverified): every stage
+records one decision per pair, a rerun reuses finished stages, and a changed setting reruns only what it affects."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dice_kernels.data.cli import app
+from dice_kernels.data.records import read_decisions
+
+MODEL = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.{op}(x){extra}
+
+
+def get_inputs():
+    return [torch.randn(8, 32)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+KERNEL = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+__global__ void k_{op}(const float* x, float* y, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = {expr};
+}}
+torch::Tensor run_{op}(torch::Tensor x) {{
+    auto y = torch::empty_like(x);
+    k_{op}<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}}
+"""
+
+ext = load_inline(name="e_{op}", cpp_sources="torch::Tensor run_{op}(torch::Tensor x);", cuda_sources=source,
+                  functions=["run_{op}"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.run_{op}(x)
+'''
+
+OPS = {"sinh": "sinhf(x[i])", "erfc": "erfcf(x[i])", "lgamma": "lgammaf(x[i])"}
+
+
+def write_corpus(tmp_path: Path) -> tuple[Path, Path]:
+    rows = [{"id": i, "pytorch_code": MODEL.format(op=op, extra=" * 3.0 - 1.0"), "cuda_code": KERNEL.format(op=op, expr=e)}
+            for i, (op, e) in enumerate(OPS.items())]
+    rows.append({**rows[0], "id": 99, "cuda_code": rows[0]["cuda_code"].replace("    ", "  ")})  # duplicate of 0
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps(rows))
+    # The benchmark holds the erfc task (other sizes, a docstring) plus unrelated tasks that share the scaffolding.
+    bench = [MODEL.format(op=op, extra="") for op in ("relu", "tanh", "abs", "exp", "neg")]
+    bench.append(MODEL.format(op="erfc", extra=" * 3.0 - 1.0").replace("8, 32", "4096, 4096")
+                 .replace("    def forward", '    """Erfc, scaled."""\n    def forward'))
+    tasks = tmp_path / "bench.jsonl"
+    tasks.write_text("".join(json.dumps({"level": 1, "problem_id": i + 1, "name": f"t{i}", "code": c}) + "\n"
+                             for i, c in enumerate(bench)))
+    return pairs, tasks
+
+
+def run(args):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def test_build_cpu_dry_run_records_every_decision_and_resumes(tmp_path):
+    pairs, tasks = write_corpus(tmp_path)
+    out = tmp_path / "out"
+    args = ["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend", "cpu",
+            "--keep-unverified", "--no-progress"]
+    run(args)
+    report = json.loads((out / "report.json").read_text())
+    counts = {s["stage"]: (s["in"], s["keep"], s["mark"], s["drop"]) for s in report["stages"]}
+    assert counts["verify"] == (4, 0, 4, 0)  # CUDA pairs, no GPU: marked, never guessed
+    assert counts["dedupe"] == (4, 3, 0, 1)  # the re-indented copy of pair 0
+    assert counts["decontam"] == (3, 2, 0, 1)  # the erfc reference is a benchmark task with other sizes
+    assert report["final_pairs"] == 2 and report["sft_rows"] == {"e2e": 2, "infill": 2}
+    assert report["per_source_yield"]["dice_pairs"]["decontam"] == 2
+    decisions = read_decisions(out / "decisions.jsonl")
+    assert {d.pair_id for d in decisions if d.stage == "decontam" and d.action == "drop"} == {"dice_pairs/1"}
+    for stage in ("ingest", "verify", "filter"):
+        assert len([d for d in decisions if d.stage == stage]) == 4
+    assert all(d.reason for d in decisions)
+    assert (out / "speedup_hist.png").stat().st_size > 0 and (out / "sft.parquet").exists()
+
+    # Rerun with one changed setting: stages before it are reused, it and later stages are recomputed.
+    output = run(args + ["--near-dup", "0.95"])
+    assert "ingest    reused" in output and "verify    reused" in output and "filter    reused" in output
+    assert "dedupe    done" in output
+
+
+def test_build_without_gpu_and_without_keep_unverified_drops_cuda_pairs_with_reason(tmp_path):
+    pairs, tasks = write_corpus(tmp_path)
+    out = tmp_path / "out"
+    run(["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend", "cpu",
+         "--no-progress"])
+    decisions = [d for d in read_decisions(out / "decisions.jsonl") if d.stage == "filter"]
+    assert len(decisions) == 4 and all(d.action == "drop" and "unverified" in d.reason for d in decisions)
+    assert json.loads((out / "report.json").read_text())["final_pairs"] == 0
+
+
+def test_split_command_checks_dice_pairs(tmp_path):
+    pairs, _ = write_corpus(tmp_path)
+    rows = json.loads(pairs.read_text())
+    for r in rows:
+        i = r["cuda_code"].index('source = """')
+        j = r["cuda_code"].index('"""', i + 12) + 3
+        r.update(prefix=r["cuda_code"][:i], middle=r["cuda_code"][i:j], suffix=r["cuda_code"][j:])
+    pairs.write_text(json.dumps(rows))
+    assert "4/4 splits reproduced exactly" in run(["split", str(pairs)])
+    rows[0]["prefix"] += " "
+    pairs.write_text(json.dumps(rows))
+    assert CliRunner().invoke(app, ["split", str(pairs)]).exit_code == 1

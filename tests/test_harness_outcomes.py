@@ -1,0 +1,112 @@
+"""Every outcome of the taxonomy, produced by real candidates in real sandboxed workers (CPU backend).
+
+The whole corpus is evaluated in one batch (module fixture); each test then checks one candidate's outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate, load_candidate
+from dice_kernels.tasks import load_tasks
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+ESCAPE = Path("/tmp") / f"dice-escape-{os.getpid()}"
+
+HEADER = "import torch\nimport torch.nn as nn\n"
+OK_MODEL = HEADER + textwrap.dedent("""
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+    """)
+
+
+def _model(forward_body: str, top: str = "", init_args: str = "") -> str:
+    """A ModelNew whose forward runs `forward_body` (one line, or lines joined with `; `)."""
+    return (HEADER + top + "\nclass ModelNew(nn.Module):\n"
+            f"    def __init__(self{init_args}):\n        super().__init__()\n\n"
+            f"    def forward(self, x):\n        {forward_body}\n")
+
+
+# name -> (candidate text, expected outcome, substring of the recorded error)
+CORPUS = {
+    "pytorch_relu": (OK_MODEL, Outcome.CORRECT, ""),
+    "prose_only": ("I am sorry, I cannot write this kernel.", Outcome.GENERATION_FAILURE, "no code"),
+    "truncated": ("```python\nimport torch\nclass ModelNew(torch.nn.Mod", Outcome.GENERATION_FAILURE, "truncated"),
+    "syntax_error": ("```python\nimport torch\nclass ModelNew(:\n    pass\n```", Outcome.PYTHON_ERROR, "SyntaxError"),
+    "no_modelnew": (HEADER + "class Other(nn.Module):\n    pass\n", Outcome.PYTHON_ERROR, "does not define class ModelNew"),
+    "import_error": (HEADER + "import not_a_real_module\n" + OK_MODEL, Outcome.PYTHON_ERROR, "not_a_real_module"),
+    "wrong_constructor": (_model("return x", init_args=", a, b"),
+                          Outcome.PYTHON_ERROR, "constructor"),
+    "wrong_forward": (HEADER + "class ModelNew(nn.Module):\n    def forward(self, x, y, z):\n        return x\n",
+                      Outcome.PYTHON_ERROR, "forward"),
+    "sys_exit_at_import": (HEADER + "import sys\nsys.exit(3)\n", Outcome.PYTHON_ERROR, "sys.exit(3)"),
+    "os_exit_in_forward": (_model("import os; os._exit(0)"), Outcome.RUNTIME_ERROR, "without reporting"),
+    "segfault": (_model("import ctypes; ctypes.string_at(0)"), Outcome.RUNTIME_ERROR, "SIGSEGV"),
+    "raises": (_model("raise RuntimeError('kernel launch failed: bad grid')"), Outcome.RUNTIME_ERROR,
+               "bad grid"),
+    "hang": (_model("while True: pass"), Outcome.TIMEOUT, "wall-clock"),
+    "huge_allocation": (_model("return torch.empty(1 << 40, dtype=torch.uint8)"), Outcome.CUDA_MEMORY_ERROR, ""),
+    "prints_gigabytes": (_model("import sys\n        while True: sys.stdout.write('x' * (1 << 20))"),
+                         Outcome.TIMEOUT, ""),
+    "writes_outside": (HEADER + f"open({str(ESCAPE)!r}, 'w').write('pwned')\n" + OK_MODEL, Outcome.PYTHON_ERROR,
+                       "Permission"),
+    "wrong_values": (_model("return x * 2"), Outcome.VALUE_MISMATCH, "values differ"),
+    "wrong_shape": (_model("return x.sum(0)"), Outcome.SHAPE_MISMATCH, "shape"),
+    "returns_list_of_two": (_model("return [torch.relu(x), x]"), Outcome.SHAPE_MISMATCH, "2 tensors"),
+    "returns_string": (_model("return 'relu'"), Outcome.PYTHON_ERROR, "returned str"),
+    "big_file": (_model("open('big.bin', 'wb').write(b'0' * (64 << 20)); return torch.relu(x)"),
+                 Outcome.RUNTIME_ERROR, "File too large"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(build_cache, tmp_path_factory):
+    task = next(t for t in load_tasks(EXAMPLES / "tasks") if t.name == "19_ReLU")
+    pairs = [(task, candidate_from_text(text, id=name)) for name, (text, _, _) in CORPUS.items()]
+    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing=False, run_timeout_s=15, compile_timeout_s=120,
+                        memory_limit_gb=4, file_limit_mb=32, cache_dir=build_cache)
+    out = tmp_path_factory.mktemp("outcomes")
+    res = evaluate(pairs, config, out_dir=out, progress=False)
+    return {r.candidate_id: r for r in res}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_outcome(results, name):
+    _, expected, fragment = CORPUS[name]
+    r = results[name]
+    assert r.outcome is expected, f"{name}: {r.outcome} ({r.error})"
+    assert fragment in r.error
+    assert r.correct == (expected is Outcome.CORRECT)
+
+
+@pytest.mark.slow
+def test_sandbox_blocked_the_write_and_isolated_the_network(results):
+    assert not ESCAPE.exists()
+    notes = results["pytorch_relu"].extra["sandbox"]
+    assert any("landlock" in n for n in notes) and any("network namespace" in n for n in notes)
+
+
+@pytest.mark.slow
+def test_example_set_real_cpp_extensions(build_cache, tmp_path):
+    """The shipped CPU examples compile for real: correct ones pass and get a speedup, the rest fail as labelled."""
+    tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
+    root = EXAMPLES / "solutions" / "cpu" / "level1"
+    pairs = [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}")) for p in sorted(root.rglob("*.py"))]
+    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing_iters=5, cache_dir=build_cache)
+    res = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path, progress=False)}
+    expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
+                "19_ReLU/broken": Outcome.COMPILE_ERROR, "90_AddMul/correct": Outcome.CORRECT,
+                "90_AddMul/wrong_shape": Outcome.SHAPE_MISMATCH, "90_AddMul/no_modelnew": Outcome.PYTHON_ERROR}
+    assert {k: r.outcome for k, r in res.items()} == expected
+    assert "not declared" in res["19_ReLU/broken"].error
+    for name in ("19_ReLU/correct", "90_AddMul/correct"):
+        assert res[name].speedup and res[name].speedup > 0 and res[name].compile_s is not None
+    # second evaluation: every build comes from the content-addressed cache
+    again = evaluate(pairs, config, progress=False)
+    assert all(r.extra.get("build_cache_hit") for r in again if r.outcome is not Outcome.PYTHON_ERROR or r.compile_s)

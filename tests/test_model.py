@@ -1,0 +1,230 @@
+"""The SDAR/Qwen3 model core: parity with transformers' Qwen3, the block-diffusion mask, checkpoint I/O, tokenizer."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+from model_fixtures import VOCAB, save_tiny_checkpoint, save_tiny_tokenizer, tiny_config, tiny_model
+
+from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout, ModelConfig,
+                                block_diffusion_mask_mod, dense_mask, flex_block_mask, load_config, load_model,
+                                save_model)
+from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
+
+CPU = torch.device("cpu")
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+
+def causal(pos: torch.Tensor) -> torch.Tensor:
+    """The plain causal mask: block diffusion with block size 1 and only clean tokens."""
+    layout = Layout.clean(pos)
+    return dense_mask(block_diffusion_mask_mod(layout, layout, 1), *pos.shape, pos.shape[1], CPU)
+
+
+def mask_for(pos: torch.Tensor, backend: str, block_size: int = 1):
+    layout = Layout.clean(pos)
+    build = flex_block_mask if backend == "flex" else dense_mask
+    return build(block_diffusion_mask_mod(layout, layout, block_size), *pos.shape, pos.shape[1], CPU)
+
+
+# ---------------------------------------------------------------- (1) parity with transformers
+
+
+def _hf_qwen3(directory, tied: bool):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6,
+                      tie_word_embeddings=tied, max_position_embeddings=512)
+    hf = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # make every weight matter, norms included (they start at 1)
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+    hf.save_pretrained(directory)
+    return hf
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("model_type", ["qwen3", "sdar"])
+@pytest.mark.parametrize("backend", ["dense", "flex"])
+def test_transformers_qwen3_checkpoint_reproduces_its_logits(tmp_path, tied, model_type, backend):
+    hf = _hf_qwen3(tmp_path, tied)
+    if model_type == "sdar":  # SDAR's config.json: same weights, another model_type, no block/mask keys
+        config = json.loads((tmp_path / "config.json").read_text())
+        config.update(model_type="sdar", architectures=["SDARForCausalLM"])
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    ours = load_model(tmp_path)
+    assert ours.config.tie_word_embeddings == tied
+    assert ours.config.block_size == 4  # SDAR's default; no mask token fits this tiny vocabulary
+    assert ours.config.mask_token_id is None
+    ids = torch.randint(0, VOCAB, (3, 37), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(37).expand(3, -1)
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        got = ours(ids, pos, Attention(mask_for(pos, backend)))
+    assert expected.abs().max() > 1  # logits far from zero, so the comparison means something
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the block-diffusion mask
+
+
+def _reference_visible(qd, qp, qn, kd, kp, kn, block):
+    """The SDAR rule written out per pair, independently of the vectorised mask_mod."""
+    if qd != kd:
+        return False
+    qb, kb = qp // block, kp // block
+    if qn:
+        return kb == qb if kn else kb < qb
+    return (not kn) and kb <= qb
+
+
+def _packed_doubled_layout():
+    lengths = [8, 5, 11]  # three samples of different lengths packed in one row
+    doc = torch.tensor([[d for d, n in enumerate(lengths) for _ in range(n)]])
+    pos = torch.tensor([[i for n in lengths for i in range(n)]])
+    noisy = torch.ones_like(doc, dtype=torch.bool)
+    return Layout(doc, pos, noisy).cat(Layout(doc, pos, ~noisy))
+
+
+def test_mask_mod_matches_the_rule_pair_by_pair():
+    layout = _packed_doubled_layout()
+    n = layout.pos.shape[1]
+    got = dense_mask(block_diffusion_mask_mod(layout, layout, 4), 1, n, n, CPU)[0, 0]
+    d, p, z = layout.doc[0].tolist(), layout.pos[0].tolist(), layout.noisy[0].tolist()
+    expected = torch.tensor([[_reference_visible(d[i], p[i], z[i], d[j], p[j], z[j], 4) for j in range(n)]
+                             for i in range(n)])
+    assert torch.equal(got, expected)
+    assert got.diagonal().all()  # every token sees itself: no empty softmax rows
+
+
+def test_flex_block_mask_and_dense_mask_agree():
+    layout = _packed_doubled_layout()
+    n = layout.pos.shape[1]
+    mask_mod = block_diffusion_mask_mod(layout, layout, 4)
+    flex = flex_block_mask(mask_mod, 1, n, n, CPU).to_dense()  # block-level: 128-token tiles
+    assert flex.shape[-2:] == (1, 1) and bool(flex.all())
+    model = tiny_model()
+    ids = torch.randint(0, VOCAB, (1, n))
+    with torch.no_grad():
+        dense_out = model(ids, layout.pos, Attention(dense_mask(mask_mod, 1, n, n, CPU)))
+        flex_out = model(ids, layout.pos, Attention(flex_block_mask(mask_mod, 1, n, n, CPU)))
+    torch.testing.assert_close(flex_out, dense_out, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tied", [False, True])
+def test_save_load_round_trip_is_bit_exact(tmp_path, dtype, tied):
+    model = tiny_model(tie_word_embeddings=tied).to(dtype)
+    save_model(model, tmp_path / "a")
+    loaded = load_model(tmp_path / "a")
+    assert loaded.config == replace(model.config, dtype=str(dtype).removeprefix("torch."))
+    assert next(loaded.parameters()).dtype == dtype
+    original, again = model.state_dict(), loaded.state_dict()
+    assert original.keys() == again.keys()
+    for name in original:
+        assert torch.equal(original[name].view(torch.uint8), again[name].view(torch.uint8)), name
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == tied
+
+
+def test_sharded_checkpoint_round_trip(tmp_path):
+    model = tiny_model()
+    save_model(model, tmp_path, max_shard_bytes=40_000)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert not (tmp_path / "model.safetensors").exists()
+    loaded = load_model(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+
+def test_load_casts_to_the_requested_dtype(tmp_path):
+    save_model(tiny_model(), tmp_path)
+    assert next(load_model(tmp_path, dtype=torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+def _rewrite_weights(directory, edit):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "missing \\['model.layers.1.mlp.up_proj.weight'\\]"),
+    (lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}),
+     "unexpected \\['model.layers.0.self_attn.q_proj.bias'\\]"),
+    (lambda t: t.update({"model.norm.weight": torch.ones(65)}), "model.norm.weight: \\(65,\\) in the file, \\(64,\\)"),
+])
+def test_bad_tensors_are_named(tmp_path, edit, message):
+    save_model(tiny_model(), tmp_path)
+    _rewrite_weights(tmp_path, edit)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tmp_path)
+
+
+def test_unsupported_configs_are_rejected(tmp_path):
+    save_model(tiny_model(), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for bad, match in ((dict(model_type="llama"), "model_type"), (dict(attention_bias=True), "attention_bias"),
+                       (dict(rope_scaling={"rope_type": "yarn", "factor": 4}), "RoPE")):
+        (tmp_path / "config.json").write_text(json.dumps(config | bad))
+        with pytest.raises(ConfigError, match=match):
+            load_config(tmp_path)
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_config(tmp_path / "nowhere")
+
+
+def test_missing_block_size_and_mask_id_get_sdar_defaults(tmp_path):
+    big = ModelConfig.from_hf(tiny_config(vocab_size=151936).to_hf())
+    hf = big.to_hf()
+    del hf["block_size"], hf["mask_token_id"]
+    cfg = ModelConfig.from_hf(hf)
+    assert (cfg.block_size, cfg.mask_token_id) == (4, 151669)
+    # With a tokenizer that declares a mask token, its id is the default.
+    save_tiny_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["mask_token_id"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(tmp_path)
+    assert load_config(tmp_path).mask_token_id == tokenizer.convert_tokens_to_ids("<|MASK|>")
+
+
+# ---------------------------------------------------------------- tokenizer and chat format
+
+
+def test_tokenizer_chat_format_and_stop_tokens(tmp_path):
+    save_tiny_tokenizer(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    vocab = tok.get_vocab()
+    assert stop_token_ids(tok) == (vocab["<|im_end|>"], vocab["<|endoftext|>"])
+    text = chat_prompt(tok, "hello world", system="be brief")
+    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids[0] == vocab["<|im_start|>"] and tok.decode(ids) == text
+    tok.chat_template = None  # no template shipped: Qwen's ChatML is the fallback
+    assert chat_prompt(tok, "hello world", system="be brief") == text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_flex_matches_dense_on_gpu():
+    layout = _packed_doubled_layout()
+    layout = Layout(*(t.cuda() for t in (layout.doc, layout.pos, layout.noisy)))
+    n = layout.pos.shape[1]
+    mask_mod = block_diffusion_mask_mod(layout, layout, 4)
+    model = tiny_model().cuda()
+    ids = torch.randint(0, VOCAB, (1, n), device="cuda")
+    dev = torch.device("cuda")
+    dense_out = model(ids, layout.pos, Attention(dense_mask(mask_mod, 1, n, n, dev)))
+    flex_out = model(ids, layout.pos, Attention(flex_block_mask(mask_mod, 1, n, n, dev)))
+    torch.testing.assert_close(flex_out, dense_out, rtol=1e-4, atol=1e-4)
+    flex_out.sum().backward()  # compiled flex has a backward on GPU

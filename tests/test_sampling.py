@@ -1,0 +1,211 @@
+"""Block-diffusion sampling: cached vs uncached decoding, strategies, trajectory record, stops, text generation
+from a checkpoint directory, and the `dice generate` command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import typer
+from model_fixtures import VOCAB, save_tiny_checkpoint, tiny_model
+from typer.testing import CliRunner
+
+from dice_kernels.sampling import Generator, SamplingConfig, decode
+from dice_kernels.sampling.cli import generate
+from dice_kernels.sampling.prompts import kernelbench_prompt
+from dice_kernels.sampling.strategies import choose_unmask, sample_tokens, transfer_count
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20, 21, 22]]  # 3, 8, 1, 6 tokens
+NO_STOP = [VOCAB + 1]  # an id the model cannot produce
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return tiny_model().double()  # fp64: cached and uncached logits differ by ~1e-15, far below any tie
+
+
+@pytest.mark.parametrize("strategy, temperature, top_k, top_p, threshold", [
+    ("static", 0.0, 0, 1.0, 0.9),
+    ("static", 1.0, 0, 1.0, 0.9),
+    ("dynamic", 0.0, 0, 1.0, 0.05),  # a low threshold, so blocks finish in different numbers of steps
+    ("dynamic", 0.8, 50, 0.9, 0.05),
+    ("sequential", 1.0, 20, 1.0, 0.9),
+])
+def test_cached_and_uncached_decoding_produce_identical_tokens(model64, strategy, temperature, top_k, top_p,
+                                                               threshold):
+    cfg = SamplingConfig(max_new_tokens=13, steps=2, strategy=strategy, temperature=temperature, top_k=top_k,
+                         top_p=top_p, threshold=threshold, seed=7)
+    cached = decode(model64, PROMPTS, cfg, NO_STOP)
+    uncached = decode(model64, PROMPTS, SamplingConfig(**{**cfg.__dict__, "use_cache": False}), NO_STOP)
+    assert cached.tokens == uncached.tokens
+    assert cached.unmask_steps == uncached.unmask_steps
+    assert [len(t) for t in cached.tokens] == [13] * len(PROMPTS) and not any(cached.stopped)
+
+
+def test_prompts_share_one_block_grid_from_position_zero(model64):
+    """A prompt decoded in a batch gives what it gives alone, whatever the other prompts' lengths."""
+    cfg = SamplingConfig(max_new_tokens=10, steps=4)
+    batched = decode(model64, PROMPTS, cfg, NO_STOP)
+    for i, prompt in enumerate(PROMPTS):
+        alone = decode(model64, [prompt], cfg, NO_STOP)
+        assert alone.tokens[0] == batched.tokens[i] and alone.unmask_steps[0] == batched.unmask_steps[i]
+
+
+def test_trajectory_records_the_step_of_every_token(model64):
+    # steps == block: one token per forward; prompt lengths 3, 8, 1, 6 leave 1, 4, 3, 2 masks in the first block.
+    out = decode(model64, PROMPTS, SamplingConfig(max_new_tokens=12, steps=4), NO_STOP)
+    for prompt, steps in zip(PROMPTS, out.unmask_steps):
+        first = -len(prompt) % 4 or 4
+        assert sorted(steps[:first]) == list(range(first))
+        for b in range(first, 12 - 3, 4):
+            assert sorted(steps[b: b + 4]) == [0, 1, 2, 3]
+    # sequential unmasks left to right
+    seq = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=8, steps=4, strategy="sequential"), NO_STOP)
+    assert seq.unmask_steps[0] == [0, 1, 2, 3, 0, 1, 2, 3]
+    # two tokens per forward: a block takes two forwards; no extra forward commits it to the cache
+    two = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=16, steps=2), NO_STOP)
+    assert all(sorted(two.unmask_steps[0][i: i + 4]) == [0, 0, 1, 1] for i in range(0, 16, 4))
+    assert two.forwards == 8
+
+
+def test_stop_token_ends_a_row_and_is_kept(model64):
+    free = decode(model64, PROMPTS, SamplingConfig(max_new_tokens=16), NO_STOP)
+    row = free.tokens[1]
+    stop = next(t for t in row[5:] if t not in row[:5])  # a token that first appears after the first block
+    cut = row.index(stop) + 1
+    out = decode(model64, PROMPTS, SamplingConfig(max_new_tokens=16), [stop])
+    assert out.tokens[1] == row[:cut] and out.stopped[1]
+    assert out.unmask_steps[1] == free.unmask_steps[1][:cut]
+    for i in (0, 2, 3):  # other rows only stop at their own first `stop`, if any
+        expected = free.tokens[i][: free.tokens[i].index(stop) + 1] if stop in free.tokens[i] else free.tokens[i]
+        assert out.tokens[i] == expected
+
+
+def test_dynamic_threshold_takes_fewer_forwards(model64):
+    static = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=32, steps=4), NO_STOP)
+    dynamic = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=32, steps=4, strategy="dynamic",
+                                                             threshold=0.01), NO_STOP)
+    assert static.forwards == 32
+    assert dynamic.forwards < static.forwards
+
+
+class _FavourToken(torch.nn.Module):
+    """An lm_head that makes one token by far the most likely prediction everywhere."""
+
+    def __init__(self, head: torch.nn.Module, token: int):
+        super().__init__()
+        self.head, self.token = head, token
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)
+        logits[..., self.token] += 100
+        return logits
+
+
+def test_the_mask_token_is_never_generated():
+    model = tiny_model()
+    model.lm_head = _FavourToken(model.lm_head, model.config.mask_token_id)
+    out = decode(model, [[5, 6, 7]], SamplingConfig(max_new_tokens=8), NO_STOP)
+    assert model.config.mask_token_id not in out.tokens[0]
+
+
+def test_choose_unmask_strategies():
+    conf = torch.tensor([[0.2, 0.95, 0.5, 0.91]])
+    masked = torch.tensor([[True, True, True, False]])
+    one = torch.tensor([1])
+    assert choose_unmask(conf, masked, one, "static", 0.9).tolist() == [[False, True, False, False]]
+    assert choose_unmask(conf, masked, torch.tensor([2]), "static", 0.9).tolist() == [[False, True, True, False]]
+    assert choose_unmask(conf, masked, one, "sequential", 0.9).tolist() == [[True, False, False, False]]
+    low = choose_unmask(conf, masked, one, "dynamic", 0.4)  # everything above 0.4, unmasked positions excluded
+    assert low.tolist() == [[False, True, True, False]]
+    high = choose_unmask(conf, masked, one, "dynamic", 0.99)  # nothing above: the minimum, most confident first
+    assert high.tolist() == [[False, True, False, False]]
+    with pytest.raises(ValueError):
+        choose_unmask(conf, masked, one, "random", 0.9)
+
+
+def test_transfer_count_splits_a_block_over_the_steps():
+    masks = torch.tensor([4, 4, 3, 1])
+    counts = [transfer_count(masks, torch.full_like(masks, s), 2).tolist() for s in range(2)]
+    assert counts == [[2, 2, 2, 1], [2, 2, 1, 1]]  # the last is the clamp: at least one while masks remain
+    assert [transfer_count(torch.tensor([6]), torch.tensor([s]), 4).item() for s in range(4)] == [2, 2, 1, 1]
+
+
+def test_sample_tokens_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(2000, -1)
+    g = torch.Generator().manual_seed(0)
+    tokens, conf = sample_tokens(logits, 0.0, 0, 1.0, g)
+    assert (tokens == 0).all() and torch.allclose(conf, torch.tensor(0.5))
+    tokens, conf = sample_tokens(logits, 1.0, 2, 1.0, g)
+    assert set(tokens.tolist()) == {0, 1}
+    assert torch.allclose(conf[tokens == 0], torch.tensor(0.5 / 0.8))
+    tokens, _ = sample_tokens(logits, 1.0, 0, 0.7, g)  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: keep two
+    assert set(tokens.tolist()) == {0, 1}
+    tokens, _ = sample_tokens(logits, 1.0, 0, 1.0, g)
+    assert set(tokens.tolist()) == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- text level: checkpoint, chat, CLI
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpt")
+    save_tiny_checkpoint(directory)
+    return directory
+
+
+def test_generator_returns_text_ids_and_steps(checkpoint):
+    gen = Generator.from_checkpoint(checkpoint)
+    results = gen(["hello world", "write a cuda kernel for relu"], SamplingConfig(max_new_tokens=10, seed=0,
+                                                                                  temperature=1.0))
+    for r in results:
+        assert len(r.token_ids) == len(r.unmask_steps) <= 10
+        body = r.token_ids[:-1] if r.stopped else r.token_ids
+        assert r.text == gen.tokenizer.decode(body)
+        assert gen.tokenizer.decode(r.prompt_ids).endswith("<|im_start|>assistant\n")
+    assert results[0].prompt_ids != results[1].prompt_ids
+
+
+def test_kernelbench_prompt_holds_the_task():
+    task = "import torch\nclass Model(torch.nn.Module):\n    pass\n"
+    prompt = kernelbench_prompt(task)
+    assert task.rstrip() in prompt and "ModelNew" in prompt and "no testing code" in prompt
+    assert prompt.index("class ModelNew") < prompt.index(task.rstrip())  # the example comes first
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("generate")(generate)
+    app.command("other")(lambda: None)  # two commands, so `generate` is a subcommand as in `dice`
+    return app
+
+
+def test_generate_cli(checkpoint, tmp_path):
+    task = tmp_path / "19_ReLU.py"
+    task.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+                    "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n")
+    runner = CliRunner()
+    out = tmp_path / "solution.md"
+    result = runner.invoke(_cli(), ["generate", "-c", str(checkpoint), "--task", str(task), "--out", str(out),
+                                    "--max-new-tokens", "8", "--temperature", "1", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert out.read_text() in result.output
+    result = runner.invoke(_cli(), ["generate", "-c", str(checkpoint), "-p", "hello", "--max-new-tokens", "4",
+                                    "--strategy", "dynamic"])
+    assert result.exit_code == 0, result.output
+    bad = runner.invoke(_cli(), ["generate", "-c", str(checkpoint)])
+    assert bad.exit_code != 0 and "exactly one of --prompt or --task" in bad.output
+    bad = runner.invoke(_cli(), ["generate", "-c", str(checkpoint), "-p", "x", "--out", str(tmp_path / "a.py")])
+    assert bad.exit_code != 0
+    helped = runner.invoke(_cli(), ["generate", "--help"])
+    assert "--checkpoint" in helped.output and "dynamic" in helped.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cached_decoding_on_gpu_matches_uncached():
+    model = tiny_model().cuda()
+    cfg = SamplingConfig(max_new_tokens=12, steps=2)
+    cached = decode(model, PROMPTS, cfg, NO_STOP)
+    uncached = decode(model, PROMPTS, SamplingConfig(**{**cfg.__dict__, "use_cache": False}), NO_STOP)
+    assert cached.tokens == uncached.tokens
