@@ -124,3 +124,23 @@ def test_split_command_checks_dice_pairs(tmp_path):
     rows[0]["prefix"] += " "
     pairs.write_text(json.dumps(rows))
     assert CliRunner().invoke(app, ["split", str(pairs)]).exit_code == 1
+
+
+def test_rl_tasks_command_orders_by_level_and_decontaminates_both_phases(tmp_path):
+    pairs, tasks = write_corpus(tmp_path)
+    out = tmp_path / "out"
+    run(["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend", "cpu",
+         "--no-progress"])
+    programs = [{"idx": i, "level": str(lvl), "pytorch_code": MODEL.format(op=op, extra=" + 2.0")}
+                for i, (op, lvl) in enumerate([("sinh", 2), ("erfc", 1), ("cosh", 1), ("log1p", 3)])]
+    programs[1]["pytorch_code"] = MODEL.format(op="erfc", extra=" * 3.0 - 1.0")  # a benchmark task: must go
+    rl = tmp_path / "rl.json"
+    rl.write_text(json.dumps(programs))
+    rl_out = tmp_path / "rl"
+    output = run(["rl-tasks", "--rl-programs", str(rl), "--out", str(rl_out), "--benchmark", str(tasks),
+                  "--pairs", str(out / "verify.jsonl")])
+    e2e = [json.loads(line) for line in (rl_out / "rl_e2e.jsonl").open()]
+    assert [(t["id"], t["level"]) for t in e2e] == [("rl_programs/2", 1), ("rl_programs/0", 2), ("rl_programs/3", 3)]
+    infill = [json.loads(line) for line in (rl_out / "rl_infill.jsonl").open()]
+    assert sorted(t["id"] for t in infill) == ["dice_pairs/0", "dice_pairs/2", "dice_pairs/99"]
+    assert "1 contaminated" in output

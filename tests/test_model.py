@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import replace
 
 import pytest
@@ -16,7 +15,7 @@ from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout,
 from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
 
 CPU = torch.device("cpu")
-warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
 
 
 def causal(pos: torch.Tensor) -> torch.Tensor:

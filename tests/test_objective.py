@@ -3,7 +3,6 @@ per-block computation that uses only a plain block-causal forward."""
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dens
 from dice_kernels.train.objective import MIN_MASK_PROB, corrupt, noisy_hidden_states, pack, sft_loss
 
 BLOCK, PAD, MASK = 4, 0, VOCAB - 1
-warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
 
 
 def _samples(seed: int = 0) -> list[tuple[list[int], list[int]]]:

@@ -125,8 +125,7 @@ def rl_tasks(
     batch: int = typer.Option(64, help="Tasks per RL step (for the printed schedule preview)."),
 ) -> None:
     """RL task sets for both phases, decontaminated and ordered easy -> hard."""
-    from dice_kernels.data.decontam import load_benchmark
-    from dice_kernels.data.dedupe import DedupeConfig
+    from dice_kernels.data.decontam import decontaminate, load_benchmark
     from dice_kernels.data.format import rl_infill_tasks, schedule, write_table
     from dice_kernels.data.pipeline import rl_e2e_set, split_stage
     from dice_kernels.data.prompts import SYSTEM_PROMPT
@@ -134,15 +133,18 @@ def rl_tasks(
 
     out.mkdir(parents=True, exist_ok=True)
     index = load_benchmark(_benchmarks(benchmark))
-    tasks, decisions, counts = rl_e2e_set(rl_programs, index, DedupeConfig(), SYSTEM_PROMPT)
+    tasks, decisions, counts = rl_e2e_set(rl_programs, index, SYSTEM_PROMPT)
     write_table(tasks, out, "rl_e2e")
     write_decisions(out / "rl_e2e.decisions.jsonl", decisions)
     typer.echo(f"end-to-end: {counts}; first step levels: {[t['level'] for t in next(schedule(tasks, batch))][:8]}...")
     if pairs:
-        records, _, splits = split_stage(read_records(pairs))
+        given = read_records(pairs)
+        clean, dropped = decontaminate(given, index)  # a build's verify.jsonl is not decontaminated yet
+        write_decisions(out / "rl_infill.decisions.jsonl", dropped)
+        records, _, splits = split_stage(clean)
         infill = rl_infill_tasks(records, splits, SYSTEM_PROMPT)
         write_table(infill, out, "rl_infill")
-        typer.echo(f"infilling: {len(infill)} tasks from {len(records)} pairs")
+        typer.echo(f"infilling: {len(infill)} tasks from {len(given)} pairs ({len(given) - len(clean)} contaminated)")
 
 
 @app.command("overlap")

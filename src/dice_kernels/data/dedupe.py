@@ -22,6 +22,9 @@ class DedupeConfig:
     shingle: int = 5  # tokens per shingle
     num_perm: int = 128  # MinHash permutations (estimate's std ≈ sqrt(J(1-J)/num_perm) ≈ 0.03 at J = 0.85)
     seed: int = 1
+    # Off for reference-only RL programs: they are short, so one changed operator (sigmoid vs tanh) keeps most
+    # shingles, yet it is a different task.
+    near: bool = True
 
 
 def pair_tokens(record: PairRecord) -> list[str]:
@@ -54,6 +57,11 @@ def dedupe(records: list[PairRecord], config: DedupeConfig = DedupeConfig()) -> 
             decisions[record.id] = Decision(STAGE, record.id, "drop", f"exact duplicate of {exact[key]} "
                                             "after normalisation (comments, whitespace, numbers)",
                                             {"duplicate_of": exact[key]})
+            continue
+        if not config.near:
+            exact[key] = record.id
+            kept_ids.add(record.id)
+            decisions[record.id] = Decision(STAGE, record.id, "keep", "no exact duplicate in the set")
             continue
         sketch = MinHash(num_perm=config.num_perm, seed=config.seed)
         sketch.update_batch([g.encode() for g in ngrams(tokens, config.shingle)])

@@ -189,7 +189,7 @@ def build(cfg: CurationConfig, log: Callable[[str], None] = print) -> dict:
              "rl_infill_tasks": len(infill_tasks)}
     rl_decisions: list[Decision] = []
     if cfg.rl_programs:
-        e2e_tasks, rl_decisions, rl_counts = rl_e2e_set(cfg.rl_programs, index, cfg.dedupe, cfg.system_prompt)
+        e2e_tasks, rl_decisions, rl_counts = rl_e2e_set(cfg.rl_programs, index, cfg.system_prompt)
         write_table(e2e_tasks, out, "rl_e2e")
         extra["rl_e2e"] = rl_counts
     all_decisions = [d for name in STAGES for d in stages[name].decisions] + rl_decisions
@@ -206,11 +206,10 @@ def _benchmark_index(cfg: CurationConfig) -> dc.BenchmarkIndex:
     return dc.load_benchmark(cfg.benchmark, cfg.decontam)
 
 
-def rl_e2e_set(path: Path, index: dc.BenchmarkIndex, dedupe_cfg: DedupeConfig,
-               system: str | None) -> tuple[list[dict], list[Decision], dict]:
-    """End-to-end RL tasks: reference programs, deduplicated, decontaminated, ordered easy -> hard."""
+def rl_e2e_set(path: Path, index: dc.BenchmarkIndex, system: str | None) -> tuple[list[dict], list[Decision], dict]:
+    """End-to-end RL tasks: reference programs, exact duplicates removed, decontaminated, ordered easy -> hard."""
     loaded = load_preset(path, "rl_programs")
-    deduped, d1 = dedupe(loaded.records, dedupe_cfg)
+    deduped, d1 = dedupe(loaded.records, DedupeConfig(near=False))
     clean, d2 = dc.decontaminate(deduped, index)
     decisions = [Decision("rl_e2e", d.pair_id, d.action, f"{d.stage}: {d.reason}", d.details)
                  for d in loaded.rejected + d1 + d2]

@@ -24,6 +24,7 @@ class EvalConfig:
     warmup: int = 3
     timing_iters: int = 30
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
+    run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
@@ -41,3 +42,8 @@ class EvalConfig:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_run_workers(self, backend: str) -> int:
+        if self.run_workers > 0:
+            return self.run_workers
+        return 4 if backend == "cuda" else 1

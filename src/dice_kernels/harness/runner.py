@@ -14,6 +14,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -107,6 +108,11 @@ class Evaluator:
     platform: Platform
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
     _seq: int = 0
+    _seq_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.timing_lock = self.scratch / "timing.lock"
+        self.timing_lock.touch()
 
     # --- workers ------------------------------------------------------------------------------------------
 
@@ -116,8 +122,10 @@ class Evaluator:
                            "cuda": torch.version.cuda}, sort_keys=True)
 
     def _new_workdir(self, label: str) -> Path:
-        self._seq += 1
-        d = self.scratch / f"{self._seq:06d}-{label}"
+        with self._seq_lock:
+            self._seq += 1
+            seq = self._seq
+        d = self.scratch / f"{seq:06d}-{label}"
         d.mkdir(mode=0o700, parents=True)
         return d
 
@@ -139,7 +147,7 @@ class Evaluator:
                "candidate_path": str(workdir / "candidate.py") if code is not None else None,
                "build_dir": str(build_dir) if build_dir else None, "device": "cuda" if cuda else "cpu",
                "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
-               "warmup": cfg.warmup, "iters": cfg.timing_iters,
+               "warmup": cfg.warmup, "iters": cfg.timing_iters, "timing_lock": str(self.timing_lock),
                "limits": {**limits.__dict__, "writable": list(limits.writable)}}
         (workdir / "job.json").write_text(json.dumps(job))
         extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
@@ -262,13 +270,35 @@ def _dedupe_key(task: Task, cand: Candidate) -> tuple[str, str]:
     return task.sha256, cand.sha256
 
 
+class _References:
+    """Reference outputs per task: computed once (even with concurrent callers), freed after the last candidate."""
+
+    def __init__(self, ev: "Evaluator", users: dict[str, int]):
+        self._ev, self._users = ev, dict(users)
+        self._refs: dict[str, _Reference] = {}
+        self._locks: dict[str, threading.Lock] = {t: threading.Lock() for t in users}
+        self._guard = threading.Lock()
+
+    def get(self, task: Task) -> _Reference:
+        with self._locks[task.id]:
+            if task.id not in self._refs:
+                self._refs[task.id] = self._ev.reference(task)
+            return self._refs[task.id]
+
+    def release(self, task: Task) -> None:
+        with self._guard:
+            self._users[task.id] -= 1
+            if self._users[task.id] == 0:
+                self._refs.pop(task.id, None)  # reference outputs can be large: keep only live tasks'
+
+
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
              resume: bool = False, progress: bool = True,
              on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
     """Evaluate every (task, candidate) pair; results come back in input order.
 
     With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
-    pairs already in that database are not evaluated again.
+    pairs already in that database are not evaluated again. Identical (task, code) pairs are evaluated once.
     """
     backend = config.resolved_backend()
     plat = Platform.detect(backend)
@@ -283,57 +313,64 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     results: list[EvalResult | None] = [None] * len(pairs)
     base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,
                 harness_version=__version__)
+    lock = threading.Lock()
+    bar = _Progress(len(pairs), enabled=progress)
 
     def record(i: int, r: EvalResult, fresh: bool = True) -> None:
-        results[i] = r
-        if store and fresh:
-            store.put(r)
+        with lock:
+            results[i] = r
+            if store and fresh:
+                store.put(r)
+            bar.advance(r.outcome, resumed=not fresh)
         if on_result:
             on_result(r)
 
-    todo: list[int] = []
+    first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
+    duplicates: dict[int, list[int]] = {}
     for i, (task, cand) in enumerate(pairs):
         key = (task.id, cand.id, cand.sha256)
         if key in done:
             record(i, done[key], fresh=False)
         elif cand.code is None:
             record(i, _result(task, cand, Outcome.GENERATION_FAILURE, error=cand.problem, **base))
+        elif (k := _dedupe_key(task, cand)) in first_of:
+            duplicates.setdefault(first_of[k], []).append(i)
         else:
-            todo.append(i)
+            first_of[k] = i
+    todo = sorted(first_of.values())
+    users: dict[str, int] = {}
+    for i in todo:
+        users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
+    refs = _References(ev, users)
 
-    bar = _Progress(len(pairs), len(pairs) - len(todo), enabled=progress)
+    def process(i: int, build: Future) -> None:
+        task, cand = pairs[i]
+        start = time.monotonic()
+        try:
+            b = build.result()
+            ref = refs.get(task) if b.ok else None
+            r = _evaluate_one(ev, task, cand, b, ref, base)
+        except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
+            r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
+        finally:
+            refs.release(task)
+        r.wall_s = time.monotonic() - start
+        record(i, r)
+        for j in duplicates.get(i, []):
+            dup = pairs[j][1]
+            record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "solution_path": dup.path,
+                                    "extra": {**r.extra, "duplicate_of": cand.id}}))
+
     try:
-        with ThreadPoolExecutor(max_workers=max(1, config.jobs)) as pool:
+        with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
+                ThreadPoolExecutor(config.resolved_run_workers(backend), thread_name_prefix="run") as run_pool:
             builds: dict[str, Future] = {}
-            for i in todo:  # submitted in task order, so the pool works ahead of the runner
-                code = pairs[i][1].code
-                if pairs[i][1].sha256 not in builds:
-                    builds[pairs[i][1].sha256] = pool.submit(ev.build, code)
-            remaining: dict[str, int] = {}
-            for i in todo:
-                remaining[pairs[i][0].id] = remaining.get(pairs[i][0].id, 0) + 1
-            refs: dict[str, _Reference] = {}
-            seen: dict[tuple[str, str], EvalResult] = {}
-            for i in todo:
-                task, cand = pairs[i]
-                bar.describe(f"{task.id} {Path(cand.id).name}")
-                start = time.monotonic()
-                dup = seen.get(_dedupe_key(task, cand))
-                if dup is not None:
-                    r = EvalResult(**{**dup.__dict__, "candidate_id": cand.id, "solution_path": cand.path,
-                                      "extra": {**dup.extra, "duplicate_of": dup.candidate_id}})
-                else:
-                    b = builds[cand.sha256].result()
-                    if task.id not in refs and b.ok:
-                        refs[task.id] = ev.reference(task)
-                    r = _evaluate_one(ev, task, cand, b, refs.get(task.id), base)
-                    r.wall_s = time.monotonic() - start
-                    seen[_dedupe_key(task, cand)] = r
-                record(i, r)
-                bar.advance(r.outcome)
-                remaining[task.id] -= 1
-                if remaining[task.id] == 0:
-                    refs.pop(task.id, None)  # reference outputs can be large: keep only live tasks'
+            for i in todo:  # submitted in task order, so builds run ahead of the runs that need them
+                sha = pairs[i][1].sha256
+                if sha not in builds:
+                    builds[sha] = build_pool.submit(ev.build, pairs[i][1].code)
+            for f in [run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo]:
+                f.result()
     finally:
         bar.close()
         ev.close()
@@ -378,28 +415,23 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
 class _Progress:
     """A rich progress bar with live outcome counts (silent when disabled)."""
 
-    def __init__(self, total: int, completed: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool):
         self.counts: dict[str, int] = {}
         self._p = None
         if enabled and total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._p = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               TextColumn("{task.description}"), transient=False)
+                               TextColumn("{task.description}"))
             self._p.start()
-            self._id = self._p.add_task("", total=total, completed=completed)
+            self._id = self._p.add_task("", total=total)
 
-    def describe(self, what: str) -> None:
+    def advance(self, outcome: Outcome, resumed: bool = False) -> None:
+        key = "resumed" if resumed else outcome.value
+        self.counts[key] = self.counts.get(key, 0) + 1
         if self._p:
-            self._p.update(self._id, description=f"{self._summary()} {what}")
-
-    def advance(self, outcome: Outcome) -> None:
-        self.counts[outcome.value] = self.counts.get(outcome.value, 0) + 1
-        if self._p:
-            self._p.update(self._id, advance=1, description=self._summary())
-
-    def _summary(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+            self._p.update(self._id, advance=1,
+                           description=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
 
     def close(self) -> None:
         if self._p:

@@ -43,6 +43,7 @@ class Job:
     warmup: int
     iters: int
     limits: dict
+    timing_lock: str | None = None  # file whose flock serialises timing across concurrent workers
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -221,7 +222,18 @@ def _sync(device: str) -> None:
 
 
 def _time_forward(model, inputs, job: Job) -> dict:
-    """Median per-call time: CUDA events on GPU, monotonic clock on CPU; plus a host-clock mean across a sync."""
+    """Median per-call time, measured while holding the timing lock so no other worker's timing overlaps."""
+    if not job.timing_lock:
+        return _timed_loop(model, inputs, job)
+    import fcntl
+
+    with open(job.timing_lock) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _timed_loop(model, inputs, job)
+
+
+def _timed_loop(model, inputs, job: Job) -> dict:
+    """CUDA events on GPU, monotonic clock on CPU; plus a host-clock mean across a full synchronize."""
     import torch
 
     for _ in range(job.warmup):

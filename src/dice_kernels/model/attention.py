@@ -85,6 +85,12 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
+    def span(self, needed: int) -> int:
+        """How many slots to attend over to cover [0, needed): rounded up to a multiple of 16, which SDPA's
+        memory-efficient kernel wants for its mask (else it pads a copy every call), capped at capacity. The extra
+        slots lie in later blocks, which the mask hides."""
+        return min(-(-needed // 16) * 16, self.k.shape[3])
+
     def write_and_read(self, layer: int, k: Tensor, v: Tensor, slots: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         """Store this forward's k/v [B, Hkv, Q, D] at `slots` [B, Q]; return the keys/values of slots [0, kv_len)."""
         index = slots[:, None, :, None].expand_as(k)

@@ -29,8 +29,8 @@ def generate(
                                             "the first ```python block from it)."),
     run_eval: bool = typer.Option(False, "--eval", help="Then run `dice eval --task TASK OUT` (needs --task)."),
     max_new_tokens: int = typer.Option(4096, help="Stop after this many new tokens."),
-    block_size: Optional[int] = typer.Option(None, help="Tokens per diffusion block [default: the checkpoint's, "
-                                                        "SDAR 4]."),
+    block_size: Optional[int] = typer.Option(None, help="Tokens per diffusion block (default: the checkpoint's; "
+                                                        "SDAR uses 4)."),
     steps: int = typer.Option(4, help="Denoising forwards per block: block_size / steps tokens per forward."),
     strategy: str = typer.Option("static", help="Which masked tokens to commit each step: static (most "
                                                 "confident), dynamic (all above --threshold), sequential "
@@ -42,7 +42,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     dtype: str = typer.Option("auto", help=f"One of {', '.join(_DTYPES)}; auto = the checkpoint's dtype on "
-                                           "GPU, float32 on CPU."),
+                                           "GPU, float32 on CPU. DICE benchmarked in float16."),
     device: str = typer.Option("auto", help="cuda, cpu, cuda:1, ... (auto: cuda if available)."),
 ) -> None:
     """Generate a program with a block-diffusion (SDAR) checkpoint.

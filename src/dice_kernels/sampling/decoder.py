@@ -1,11 +1,6 @@
 """Batched block-diffusion decoding on token ids: per row, blocks of `block_size` positions on one grid from
 absolute position 0, each denoised in up to `steps` forwards against a KV cache. Returns the generated ids and,
-per token, the denoising step that unmasked it (the trajectory RL replays).
-
-Cache commits cost no extra forward: the K/V of a finished block must come from its *final* tokens, and the last
-denoising forward saw some of them still masked, so the finished block rides along as clean queries in the first
-forward of the next block (written to its slots, attended block-causally by itself and by the new block).
-"""
+per token, the denoising step that unmasked it (the trajectory RL replays)."""
 
 from __future__ import annotations
 
@@ -77,7 +72,12 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
 
 
 class _CachedForward:
-    """Logits of each row's current block from a KV cache: one prefill, then block-sized forwards."""
+    """Logits of each row's current block from a KV cache: one prefill, then block-sized forwards.
+
+    Committing a finished block costs no extra forward. Its K/V must come from its *final* tokens, and the last
+    denoising forward saw some of them still masked; so the finished block rides along as clean queries in the
+    first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
+    """
 
     def __init__(self, model: BlockDiffusionLM, state: _State, block: int):
         cfg, seq = model.config, state.seq
@@ -96,6 +96,7 @@ class _CachedForward:
             model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
 
     def __call__(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
+        kv_len = self.cache.span(kv_len)
         block, offsets = self.block, torch.arange(self.block, device=state.seq.device)
         cur = state.start[:, None] + offsets
         q_pos, q_slots, q_noisy = cur, cur, torch.ones_like(cur, dtype=torch.bool)
@@ -109,8 +110,8 @@ class _CachedForward:
             q_noisy = torch.cat([~commit.expand_as(cur), q_noisy], 1)
         k_pos = torch.arange(kv_len, device=cur.device).expand(cur.shape[0], -1)
         queries = Layout(doc=torch.zeros_like(q_pos), pos=q_pos, noisy=q_noisy)
-        # Cache slot = position. Slots from the current block on hold this forward's noisy tokens (or stale
-        # data in later blocks, which the block rule hides).
+        # Cache slot = position. Slots from the current block on hold this forward's noisy tokens, or stale
+        # data and scratch slots in later blocks, which the block rule hides.
         keys = Layout(doc=torch.zeros_like(k_pos), pos=k_pos, noisy=k_pos >= state.start[:, None])
         mask = dense_mask(block_diffusion_mask_mod(queries, keys, block), *q_pos.shape, kv_len, cur.device)
         ids = state.seq.gather(1, q_pos)
@@ -166,7 +167,7 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
         raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
-    stops = torch.tensor(stop_ids, device=device)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     cached = _CachedForward(model, state, block) if cfg.use_cache else None
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
     forwards = 0

@@ -117,9 +117,9 @@ def _load_jsonl(path: Path) -> list[Task]:
         level = int(level) if level is not None else None
         pid = int(pid) if pid is not None else None
         file_name = Path(row.get("file", "")).name
-        name = row.get("name") or (file_name[:-3] if file_name.endswith(".py") else None)
-        if name and pid is not None and not _FILE_RE.match(f"{name}.py"):
-            name = f"{pid}_{name}"  # tasks.jsonl stores the bare op name; KernelBench files are "<id>_<name>.py"
+        name = file_name[:-3] if file_name.endswith(".py") else row.get("name")
+        if name and not file_name and pid is not None and not _FILE_RE.match(f"{name}.py"):
+            name = f"{pid}_{name}"  # a bare op name: KernelBench files are "<id>_<name>.py"
         tid = row.get("id") or (f"L{level}/{pid}" if level is not None and pid is not None else name)
         if not tid:
             raise TaskError(f"{where}: JSONL task row needs 'id', or 'level' and 'problem_id'")

@@ -1,0 +1,130 @@
+"""Decoding throughput of the block-diffusion sampler (static, block 4, 1 and 2 tokens per forward) next to an
+autoregressive decode of the same model through the same KV cache and attention code. Random bf16 weights.
+
+    python benchmarks/decode_throughput.py --out decode.json            # SDAR-4B shapes on one GPU
+    python benchmarks/decode_throughput.py --smoke --out /tmp/d.json    # tiny shapes on CPU: does it run?
+
+Tokens/s = generated tokens / wall time of the whole call (prefill included) after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+
+import torch
+
+from dice_kernels.model import SDAR_SHAPES, Attention, BlockDiffusionLM, KVCache, Layout, ModelConfig
+from dice_kernels.model.attention import block_diffusion_mask_mod, dense_mask
+from dice_kernels.sampling import SamplingConfig, decode
+from dice_kernels.sampling.strategies import sample_tokens
+
+TARGET_BATCH128_TPS = 3700
+TARGET_SPEEDUP_2TPF = 2.0
+
+
+@torch.inference_mode()
+def autoregressive_decode(model: BlockDiffusionLM, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy next-token decoding of [B, P] prompts: one token per forward, K/V written as they come."""
+    cfg, (batch, length) = model.config, prompts.shape
+    device = prompts.device
+    cache = KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, length + new_tokens, cfg.head_dim,
+                    next(model.parameters()).dtype, device)
+
+    def step(ids: torch.Tensor, pos: torch.Tensor, needed: int) -> torch.Tensor:
+        kv_len = cache.span(needed)
+        keys = Layout.clean(torch.arange(kv_len, device=device).expand(batch, -1))
+        mask = dense_mask(block_diffusion_mask_mod(Layout.clean(pos), keys, 1), batch, pos.shape[1], kv_len, device)
+        logits = model(ids, pos, Attention(mask, cache, pos, kv_len), keep=slice(-1, None))
+        return sample_tokens(logits.float(), 0.0, 0, 1.0, None)[0]
+
+    token = step(prompts, torch.arange(length, device=device).expand(batch, -1), length)
+    out = [token]
+    for i in range(new_tokens - 1):
+        token = step(token, torch.full((batch, 1), length + i, device=device), length + i + 1)
+        out.append(token)
+    return torch.cat(out, dim=1)
+
+
+def _timed(fn):
+    """(seconds, fn()) with the GPU drained before and after."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    value = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - began, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="where to write the JSON results")
+    parser.add_argument("--model", default="4B", choices=sorted(SDAR_SHAPES))
+    parser.add_argument("--batches", default="1,32,128")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script runs")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    cfg = SDAR_SHAPES[args.model]
+    dtype = torch.bfloat16
+    if args.smoke:
+        cfg = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, mask_token_id=511)
+        args.batches, args.prompt_len, args.new_tokens, dtype = "1,4", 16, 16, torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = BlockDiffusionLM(cfg).to(dtype).eval()
+    batches = [int(b) for b in args.batches.split(",")]
+
+    rows = []
+    for batch in batches:
+        prompts = torch.randint(0, cfg.mask_token_id, (batch, args.prompt_len), device=device)
+        prompt_lists = prompts.tolist()
+        runs = {}
+        for per_forward in (1, 2):
+            sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
+                                      strategy="static")
+            decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
+            seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
+            runs[f"block4_{per_forward}tok_per_forward"] = (seconds, out.forwards)
+        autoregressive_decode(model, prompts, 16)  # warm-up
+        seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
+        runs["autoregressive"] = (seconds, args.new_tokens)
+        for mode, (seconds, forwards) in runs.items():
+            rows.append({"batch": batch, "mode": mode, "seconds": seconds, "forwards": forwards,
+                         "tokens_per_s": batch * args.new_tokens / seconds, "ms_per_forward": 1e3 * seconds / forwards})
+
+    def tps(batch: int, mode: str) -> float:
+        return next(r["tokens_per_s"] for r in rows if r["batch"] == batch and r["mode"] == mode)
+
+    speedups = {b: tps(b, "block4_2tok_per_forward") / tps(b, "autoregressive") for b in batches}
+    print(f"model {args.model if not args.smoke else 'smoke'} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+          f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {dtype}")
+    print(f"{'batch':>5}  {'mode':<26} {'forwards':>8} {'ms/fwd':>8} {'tokens/s':>10}")
+    for r in rows:
+        print(f"{r['batch']:>5}  {r['mode']:<26} {r['forwards']:>8} {r['ms_per_forward']:>8.2f} {r['tokens_per_s']:>10.0f}")
+    for b, s in speedups.items():
+        print(f"batch {b}: 2 tokens/forward vs autoregressive: {s:.2f}x (target >= {TARGET_SPEEDUP_2TPF}x)")
+    targets = {}
+    if 128 in batches:
+        targets["batch128_1tok_per_forward_tokens_per_s"] = {"value": tps(128, "block4_1tok_per_forward"),
+                                                             "target": TARGET_BATCH128_TPS}
+        print(f"batch 128 at 1 token/forward: {tps(128, 'block4_1tok_per_forward'):.0f} tokens/s "
+              f"(target >= {TARGET_BATCH128_TPS})")
+    report = {
+        "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
+        "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "rows": rows, "speedup_2tok_vs_ar": speedups, "targets": targets,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
