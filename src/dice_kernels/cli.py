@@ -62,7 +62,6 @@ def eval_cmd(
     """
     from dice_kernels.harness import EvalConfig, evaluate, load_candidate
     from dice_kernels.harness.candidate import pair_solutions
-    from dice_kernels.report.eval_report import console_table, outcome_table, write_report
     from dice_kernels.tasks import TaskError, load_task_file, load_tasks
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
@@ -108,19 +107,30 @@ def eval_cmd(
     console.print(f"evaluating {len(pairs)} candidate(s) on [bold]{resolved}[/] → {out}")
     start = time.monotonic()
     evaluate(pairs, config, out_dir=out, resume=resume, progress=progress)
+    _write_report(out, {"wall_s": round(time.monotonic() - start, 1), "command": " ".join(sys.argv)})
 
+
+def _write_report(run_dir: Path, meta: dict) -> None:
     from dice_kernels.harness.store import ResultStore
+    from dice_kernels.report.eval_report import console_table, outcome_table, write_report
 
-    store = ResultStore(out / "results.sqlite")
+    store = ResultStore(run_dir / "results.sqlite")
     results = store.all()
-    store.export_jsonl(out / "results.jsonl")
-    meta = {**(store.get_meta("platform") or {}), "harness_version": __version__,
-            "wall_s": round(time.monotonic() - start, 1), "command": " ".join(sys.argv)}
+    store.export_jsonl(run_dir / "results.jsonl")
+    meta = {**(store.get_meta("platform") or {}), "harness_version": __version__, **meta}
     store.close()
-    s = write_report(out, results, meta)
+    s = write_report(run_dir, results, meta)
     out_console = Console()
     out_console.print(console_table(s))
     out_console.print(outcome_table(s))
     if s["internal_harness_errors"]:
         console.print(f"[bold red]{s['internal_harness_errors']} internal harness error(s): please report[/]")
-    console.print(f"report: {out / 'report.md'}")
+    console.print(f"report: {run_dir / 'report.md'}")
+
+
+@app.command("report")
+def report_cmd(run_dir: Path = typer.Argument(..., help="A `dice eval --out` directory.")) -> None:
+    """Rewrite results.jsonl, summary.json, report.md and outcomes.png from a run's results.sqlite."""
+    if not (run_dir / "results.sqlite").is_file():
+        _fail(f"{run_dir} has no results.sqlite (is it a `dice eval --out` directory?)")
+    _write_report(run_dir, {})

@@ -174,10 +174,12 @@ class _CappedReader:
 
 
 def device_files() -> list[str]:
-    """Device nodes a worker must open for writing: /dev/null and the NVIDIA driver's nodes."""
+    """Paths a worker must be able to write besides its own directories: /dev/null, the NVIDIA driver's nodes,
+    and any listed in $DICE_SANDBOX_WRITABLE (colon-separated; for drivers or runtimes that need more)."""
     import glob
 
-    return ["/dev/null", *sorted(glob.glob("/dev/nvidia*"))]
+    extra = [p for p in os.environ.get("DICE_SANDBOX_WRITABLE", "").split(":") if p and os.path.exists(p)]
+    return ["/dev/null", *sorted(glob.glob("/dev/nvidia*")), *extra]
 
 
 def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:

@@ -135,4 +135,4 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor) -> Tensor:
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads = k.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, -1, head_dim), k, v, attn_mask=mask)
-    return out.view(batch, q_heads, q_len, head_dim)
+    return out.reshape(batch, q_heads, q_len, head_dim)
