@@ -31,7 +31,9 @@ def test_cuda_examples(build_cache, tmp_path):
     expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
                 "19_ReLU/broken": Outcome.COMPILE_ERROR, "90_AddMul/correct": Outcome.CORRECT,
                 "90_AddMul/out_of_bounds": Outcome.CUDA_MEMORY_ERROR, "90_AddMul/no_modelnew": Outcome.PYTHON_ERROR}
-    assert {k: r.outcome for k, r in res.items()} == expected, {k: r.error[:300] for k, r in res.items()}
+    for k, r in res.items():
+        print(k, r.outcome, r.error[:500])
+    assert {k: r.outcome for k, r in res.items()} == expected
     good = res["19_ReLU/correct"]
     assert good.speedup and good.speedup > 0 and good.hardware and good.backend == "cuda"
     # the build targets the present GPU's architecture (e.g. sm_90 on an H200), not a hard-coded older one

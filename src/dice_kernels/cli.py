@@ -35,7 +35,7 @@ def eval_cmd(
     example: bool = typer.Option(False, "--example", help="Evaluate the small example set shipped with the package."),
     backend: str = typer.Option("auto", help="cuda | cpu | auto (cuda when a GPU is present). CPU candidates are C++ extensions."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (results.sqlite, results.jsonl, summary.json, report.md, outcomes.png). Default: runs/eval-<time>."),
-    resume: bool = typer.Option(False, "--resume", help="Skip candidates already recorded in --out's database."),
+    resume: bool = typer.Option(False, "--resume", help="Skip candidates already recorded in --out's database (harness errors are retried)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel compiles (default: CPU count)."),
     trials: int = typer.Option(5, help="Correctness trials, each with freshly seeded inputs."),
     atol: float = typer.Option(1e-2, help="Absolute tolerance."),
@@ -44,7 +44,7 @@ def eval_cmd(
     timing_iters: int = typer.Option(30, help="Timed iterations per model (median reported)."),
     timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run."),
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
-    memory_gb: float = typer.Option(16.0, help="Host memory limit per worker, GiB."),
+    memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:

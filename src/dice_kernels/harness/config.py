@@ -28,7 +28,7 @@ class EvalConfig:
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
-    memory_limit_gb: float = 16.0  # host memory per worker process
+    memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
     file_limit_mb: int = 4096  # largest file a worker may write (outputs are written as files)
     cache_dir: Path = field(default_factory=default_cache_dir)
     isolate_network: bool = True

@@ -307,8 +307,9 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
         store.set_meta("platform", plat.__dict__)
     done: dict[tuple[str, str, str], EvalResult] = {}
-    if store and resume:
-        done = {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()}
+    if store and resume:  # harness errors are ours (or transient), so a resumed run tries them again
+        done = {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()
+                if r.outcome is not Outcome.HARNESS_ERROR}
     ev = Evaluator(config, plat)
     results: list[EvalResult | None] = [None] * len(pairs)
     base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,

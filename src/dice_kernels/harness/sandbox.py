@@ -179,7 +179,9 @@ def device_files() -> list[str]:
     import glob
 
     extra = [p for p in os.environ.get("DICE_SANDBOX_WRITABLE", "").split(":") if p and os.path.exists(p)]
-    return ["/dev/null", *sorted(glob.glob("/dev/nvidia*")), *extra]
+    # The CUDA driver writes to its own /proc/<pid> entries at initialisation; "/proc/self" is resolved by
+    # the worker itself in confine(), so the rule covers the worker's own entry and nobody else's.
+    return ["/dev/null", "/proc/self", *sorted(glob.glob("/dev/nvidia*")), *extra]
 
 
 def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
