@@ -34,19 +34,20 @@ def leaderboard(data: Path, out: Path, per_level: int | None, levels: tuple[int,
     sols = json.loads((data / "corpora" / "kb_leaderboard_solutions_413.json").read_text())
     used, n = set(), 0
     for level in levels:
-        rows = [s for s in sols if int(s["level"]) == level and (level, int(s["problem_id"])) in tasks]
+        # the leaderboard's problem_id counts from 0 (its problem 18 is ReLU, task file 19)
+        rows = [s for s in sols if int(s["level"]) == level and (level, int(s["problem_id"]) + 1) in tasks]
         rows.sort(key=lambda s: (int(s["problem_id"]), s["model"], s["file"]))
         if per_level and len(rows) > per_level:  # an even spread over the problems, not the first few
             step = len(rows) / per_level
             rows = [rows[int(i * step)] for i in range(per_level)]
         for s in rows:
-            t = tasks[(level, int(s["problem_id"]))]
+            t = tasks[(level, int(s["problem_id"]) + 1)]
             name = Path(t["file"]).stem
             d = out / "solutions" / f"level{level}" / name
             d.mkdir(parents=True, exist_ok=True)
             model = re.sub(r"[^A-Za-z0-9_.-]", "-", s["model"])
             (d / f"{model}_{s['file']}.py").write_text(s["code"])
-            used.add((level, int(s["problem_id"])))
+            used.add((level, int(s["problem_id"]) + 1))
             n += 1
     with open(out / "tasks.jsonl", "w") as f:
         for key in sorted(used):

@@ -26,12 +26,16 @@ def test_dice_pairs_adapter_reads_all_99_as_canonical_records():
 @needs_shared
 def test_leaderboard_adapter_pairs_solutions_with_v0_tasks_and_rejects_unpairable_rows():
     loaded = load_leaderboard(CORPORA / "kb_leaderboard_solutions_413.json", CORPORA / "kb_leaderboard_tasks_v0.jsonl")
-    # 8 solutions carry problem_id 0, which no v0 task has: they are rejected with that reason, not dropped silently.
-    assert len(loaded.records) == 405 and len(loaded.rejected) == 8
-    assert all("no task L" in d.reason and d.action == "drop" for d in loaded.rejected)
+    # the leaderboard's problem_id counts from 0: every solution pairs with task problem_id + 1
+    assert len(loaded.records) == 413 and not loaded.rejected
     v0 = {(t["level"], t["problem_id"]): t["code"] for t in map(json.loads, (CORPORA / "kb_leaderboard_tasks_v0.jsonl").open())}
     r = loaded.records[0]
     assert r.reference == v0[(r.level, r.provenance["problem_id"])]
+    # content check of the offset: kernels named relu pair with the ReLU task, tanh with Tanh
+    for rec in loaded.records:
+        if rec.level == 1 and rec.provenance["problem_id"] in (19, 22):
+            op = "relu" if rec.provenance["problem_id"] == 19 else "tanh"
+            assert f"torch.{op}(" in rec.reference and op in rec.kernel.lower()
     assert r.provenance["published"]["torch_speedup"] == pytest.approx(0.0136585366)
     assert sum(x.provenance["published"]["torch_speedup"] >= 2.0 for x in loaded.records) <= 18
 

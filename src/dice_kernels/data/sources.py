@@ -172,13 +172,14 @@ def load_leaderboard(solutions: str | Path, tasks: str | Path, source: str = "kb
     """KernelBench leaderboard solutions joined on (level, problem_id) with the task versions they were written for.
 
     Solutions must be paired with `kb_leaderboard_tasks_v0.jsonl`: today's tasks changed shapes, so most of the
-    solutions would fail against them for reasons that have nothing to do with the kernels.
+    solutions would fail against them for reasons that have nothing to do with the kernels. The leaderboard's
+    `problem_id` counts from 0 (problem_id 18 holds ReLU kernels, task 19), the task files' from 1.
     """
     solutions, tasks = Path(solutions), Path(tasks)
     task_code = {(int(t["level"]), int(t["problem_id"])): t["code"] for t in read_rows(tasks)}
     out = Loaded()
     for i, row in enumerate(read_rows(solutions)):
-        level, pid = int(row["level"]), int(row["problem_id"])
+        level, pid = int(row["level"]), int(row["problem_id"]) + 1
         rid = f"{source}/L{level}/{pid}/{row.get('file', i)}"
         if (level, pid) not in task_code:
             out.rejected.append(Decision(INGEST, rid, "drop", f"no task L{level}/{pid} in {tasks.name}: the "

@@ -30,6 +30,7 @@ from dice_kernels.harness.compare import compare_trials
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
+from dice_kernels.harness.tensor_stream import read_trials
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
@@ -154,9 +155,11 @@ class Evaluator:
                      "OMP_NUM_THREADS": str(cfg.cpu_threads)}
         if cuda:
             extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
+        max_bytes = int(cfg.memory_limit_gb * _GIB)
         exit_ = sandbox.launch(sandbox.python_argv(_WORKER, str(workdir / "job.json")), cwd=workdir,
                                env=sandbox.scrubbed_env(workdir, extra_env), timeout_s=timeout_s,
-                               rss_limit_bytes=int(cfg.memory_limit_gb * _GIB))
+                               rss_limit_bytes=max_bytes,
+                               read_data=(lambda f: read_trials(f, max_bytes)) if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
         if result_file.exists():
@@ -214,14 +217,10 @@ class Evaluator:
             kind, error = _death_outcome(rep.exit, self.config, phase="run")
             res = {"status": "error", "kind": kind.value, "error": error}
         elif res.get("status") == "ok":
-            try:
-                outputs = torch.load(rep.workdir / "outputs.pt", weights_only=True, map_location="cpu")
-                if not _is_trials(outputs):
-                    raise ValueError("not a list of lists of tensors")
-            except Exception as e:  # noqa: BLE001 - a candidate controls this file
-                res = {"status": "error", "kind": Outcome.RUNTIME_ERROR.value,
-                       "error": f"worker outputs unreadable: {e}"}
-                outputs = None
+            outputs = rep.exit.data
+            if outputs is None:
+                why = rep.exit.data_error or "no outputs were sent"
+                res = {"status": "error", "kind": Outcome.RUNTIME_ERROR.value, "error": f"worker outputs unreadable: {why}"}
         _cleanup(rep.workdir)
         return res, outputs, rep.exit
 
@@ -236,11 +235,6 @@ class Evaluator:
 
 
 _NO_TASK = Task(id="-", name="-", code="")
-
-
-def _is_trials(x) -> bool:
-    return isinstance(x, list) and all(isinstance(t, list) and all(isinstance(v, torch.Tensor) for v in t)
-                                       for t in x)
 
 
 def _cleanup(workdir: Path) -> None:

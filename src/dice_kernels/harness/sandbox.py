@@ -18,12 +18,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 # Environment variables a worker inherits; everything else (tokens, credentials, proxies) is dropped.
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
              "PYTHONPATH", "CC", "CXX", "NVCC_CCBIN", "CUDA_DEVICE_ORDER")
 
 OUTPUT_CAP = 64 * 1024  # bytes of stdout/stderr kept from each end of a worker's output
+OUTPUT_FD_ENV = "DICE_OUTPUT_FD"
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ class WorkerExit:
     stdout: str = ""
     stderr: str = ""
     peak_rss_bytes: int = 0
+    data: object = None  # what `read_data` returned
+    data_error: Exception | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -206,14 +210,39 @@ def _rss_bytes(pid: int) -> int:
 
 
 def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
-           rss_limit_bytes: int | None = None) -> WorkerExit:
-    """Run a worker to completion; kill its whole process group on timeout or when its RSS passes the limit."""
+           rss_limit_bytes: int | None = None,
+           read_data: Callable[[BinaryIO], object] | None = None) -> WorkerExit:
+    """Run a worker to completion; kill its whole process group on timeout or when its RSS passes the limit.
+
+    With `read_data`, the worker inherits the write end of a private pipe (its number in $DICE_OUTPUT_FD) and
+    `read_data(read_end)` runs concurrently in the parent; its return value (or exception) lands in `.data`.
+    """
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    pipe_r = pipe_w = None
+    pass_fds: tuple[int, ...] = ()
+    if read_data is not None:
+        pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
+        pass_fds = (pipe_w,)
+        env = {**env, OUTPUT_FD_ENV: str(pipe_w)}
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
+    finally:
+        if pipe_w is not None:
+            os.close(pipe_w)
     readers = (_CappedReader(), _CappedReader())
     threads = [threading.Thread(target=r.drain, args=(s,), daemon=True)
                for r, s in zip(readers, (proc.stdout, proc.stderr))]
+    data: dict[str, object] = {}
+    if read_data is not None:
+        def _read() -> None:
+            with os.fdopen(pipe_r, "rb") as f:
+                try:
+                    data["value"] = read_data(f)
+                except Exception as e:  # noqa: BLE001 - the worker controls these bytes
+                    data["error"] = e
+                    f.read()  # keep draining so the worker never blocks on a full pipe
+        threads.append(threading.Thread(target=_read, daemon=True))
     for t in threads:
         t.start()
     timed_out = memory_exceeded = False
@@ -233,7 +262,7 @@ def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
     for t in threads:
         t.join(timeout=5)
     return WorkerExit(proc.returncode, timed_out, memory_exceeded, time.monotonic() - start,
-                      readers[0].text(), readers[1].text(), peak)
+                      readers[0].text(), readers[1].text(), peak, data.get("value"), data.get("error"))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -3,7 +3,8 @@
 `python -m dice_kernels.harness.worker JOB.json` confines itself (sandbox.confine), then either builds a
 candidate's extensions into the build cache (mode "build") or runs a model on seeded inputs (mode "run":
 the task's `Model` for role "reference", the candidate's `ModelNew` for role "candidate"), writing
-`result.json` and `outputs.pt` into its private directory. It never sees reference outputs: the parent compares.
+`result.json` into its private directory and its outputs into a pipe to the parent (tensor_stream). It never
+sees reference outputs: the parent compares.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dice_kernels.harness.sandbox import Limits, confine
+from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
+from dice_kernels.harness.tensor_stream import write_trials
 
 _MEMORY_PATTERNS = re.compile(
-    r"illegal memory access|out of memory|misaligned address|illegal address|CUBLAS_STATUS_ALLOC_FAILED|"
+    r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
+    r"unspecified launch failure|CUBLAS_STATUS_ALLOC_FAILED|"
     r"std::bad_alloc|Cannot allocate memory|MemoryError", re.IGNORECASE)
 _MAX_ERROR = 4000
 
@@ -300,7 +303,8 @@ def run_model(job: Job, log: BuildLog) -> dict:
                 _seed_all(job.seed + 1)
                 inputs = _to_device(list(task.get_inputs()), job.device)
                 timing = _time_forward(model, inputs, job)
-        torch.save(outputs, Path(job.workdir) / "outputs.pt")
+        with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
+            write_trials(stream, outputs)
         return {"status": "ok", "trials": len(outputs), **timing}
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes an outcome
         err = _classify(e, phase, log)
