@@ -7,7 +7,7 @@ import pytest
 
 from dice_kernels.data.format import by_difficulty, rl_e2e_tasks, rl_infill_tasks, schedule, sft_rows, write_sft
 from dice_kernels.data.infill import split_program
-from dice_kernels.data.prompts import EXAMPLE_MODEL_NEW, chat_prompt
+from dice_kernels.prompts import EXAMPLE_MODEL_NEW, chat_prompt
 from dice_kernels.data.records import PairRecord, Verification
 
 REF = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dice_kernels.sampling import Generator, SamplingConfig, decode
 from dice_kernels.sampling.cli import generate
-from dice_kernels.sampling.prompts import kernelbench_prompt
+from dice_kernels.prompts import e2e_user
 from dice_kernels.sampling.strategies import choose_unmask, sample_tokens, transfer_count
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20, 21, 22]]  # 3, 8, 1, 6 tokens
@@ -168,8 +168,8 @@ def test_generator_returns_text_ids_and_steps(checkpoint):
 
 def test_kernelbench_prompt_holds_the_task():
     task = "import torch\nclass Model(torch.nn.Module):\n    pass\n"
-    prompt = kernelbench_prompt(task)
-    assert task.rstrip() in prompt and "ModelNew" in prompt and "no testing code" in prompt
+    prompt = e2e_user(task)
+    assert task.rstrip() in prompt and "ModelNew" in prompt and "Do not output testing code" in prompt
     assert prompt.index("class ModelNew") < prompt.index(task.rstrip())  # the example comes first
 
 

@@ -128,7 +128,7 @@ def rl_tasks(
     from dice_kernels.data.decontam import decontaminate, load_benchmark
     from dice_kernels.data.format import rl_infill_tasks, schedule, write_table
     from dice_kernels.data.pipeline import rl_e2e_set, split_stage
-    from dice_kernels.data.prompts import SYSTEM_PROMPT
+    from dice_kernels.prompts import SYSTEM_PROMPT
     from dice_kernels.data.records import read_records, write_decisions
 
     out.mkdir(parents=True, exist_ok=True)

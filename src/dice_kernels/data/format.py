@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dice_kernels.data.infill import InfillSplit, split_program
-from dice_kernels.data.prompts import (EXAMPLE_MODEL_NEW, SYSTEM_PROMPT, chat_prompt, chat_response, code_block,
+from dice_kernels.prompts import (EXAMPLE_MODEL_NEW, SYSTEM_PROMPT, chat_prompt, chat_response, code_block,
                                        e2e_user, infill_user)
 from dice_kernels.data.records import PairRecord, write_jsonl
 

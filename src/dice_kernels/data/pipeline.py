@@ -18,7 +18,7 @@ from dice_kernels.data.dedupe import DedupeConfig, dedupe
 from dice_kernels.data.filters import FilterConfig, speed_filter
 from dice_kernels.data.format import E2E, INFILL, rl_e2e_tasks, rl_infill_tasks, sft_rows, write_sft, write_table
 from dice_kernels.data.infill import InfillError, InfillSplit, split_program
-from dice_kernels.data.prompts import SYSTEM_PROMPT
+from dice_kernels.prompts import SYSTEM_PROMPT
 from dice_kernels.data.records import (FAILED, UNVERIFIED, VERIFIED, Decision, PairRecord, read_decisions,
                                        read_records, write_decisions, write_jsonl, write_records)
 from dice_kernels.data.sources import INGEST, ColumnMapping, Loaded, load_leaderboard, load_mapped, load_preset

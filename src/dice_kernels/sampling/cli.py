@@ -65,20 +65,21 @@ def generate(
 
     import torch
 
+    from dice_kernels.prompts import SYSTEM_PROMPT, e2e_user
     from dice_kernels.sampling.decoder import SamplingConfig
     from dice_kernels.sampling.generate import Generator
-    from dice_kernels.sampling.prompts import kernelbench_prompt
     from dice_kernels.tasks.loader import load_task_file
 
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps, strategy=strategy,
                          threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     torch_dtype = (None if dev.type == "cuda" else torch.float32) if dtype == "auto" else getattr(torch, dtype)
-    text = kernelbench_prompt(load_task_file(task).code) if task is not None else prompt
+    text = e2e_user(load_task_file(task).code) if task is not None else prompt
 
     generator = Generator.from_checkpoint(checkpoint, dtype=torch_dtype, device=dev)
     began = time.perf_counter()
-    result = generator([text], cfg, chat=not raw)[0]
+    # a task prompt gets the same system message as the SFT and RL data, so sampling sees what training saw
+    result = generator([text], cfg, chat=not raw, system=SYSTEM_PROMPT if task is not None else None)[0]
     seconds = time.perf_counter() - began
     typer.echo(result.text)
     typer.echo(f"[{len(result.token_ids)} tokens in {seconds:.1f}s, "
