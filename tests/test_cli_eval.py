@@ -1,0 +1,84 @@
+"""`dice eval` as a user runs it: real subprocesses, clear errors for bad input, and kill-then-resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+TASK = EXAMPLES / "tasks" / "level1" / "19_ReLU.py"
+SLOW_OK = ("import time\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+           "    def forward(self, x):\n        time.sleep({delay})\n        return torch.relu(x)  # variant {i}\n")
+
+
+def dice(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dice_kernels", *args], capture_output=True, text=True,
+                          env=env, **kw)
+
+
+def test_missing_solution_file_is_a_clear_error(tmp_path):
+    r = dice("eval", "--task", str(TASK), str(tmp_path / "nope.py"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "solution file(s) not found" in r.stderr and "nope.py" in r.stderr
+
+
+def test_bad_task_is_a_clear_error(tmp_path):
+    bad = tmp_path / "7_Bad.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    sol = tmp_path / "s.py"
+    sol.write_text("x = 1\n")
+    r = dice("eval", "--task", str(bad), str(sol), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "7_Bad.py" in r.stderr and "get_inputs" in r.stderr
+
+
+def test_tasks_without_solutions_and_resume_without_out(tmp_path):
+    r = dice("eval", "--tasks", str(EXAMPLES / "tasks"))
+    assert r.returncode == 2 and "--solutions" in r.stderr
+    r = dice("eval", "--task", str(TASK), str(TASK), "--resume")
+    assert r.returncode == 2 and "--resume needs --out" in r.stderr
+
+
+def _rows(db: Path) -> dict[str, tuple]:
+    with sqlite3.connect(db) as con:
+        return {cid: (rowid, wall) for rowid, cid, wall in con.execute("SELECT rowid, candidate_id, wall_s FROM results")}
+
+
+@pytest.mark.slow
+def test_kill_then_resume_loses_nothing_and_redoes_nothing(tmp_path, build_cache):
+    sols = []
+    for i in range(6):
+        p = tmp_path / "sols" / f"s{i}.py"
+        p.parent.mkdir(exist_ok=True)
+        p.write_text(SLOW_OK.format(delay=0.3, i=i))
+        sols.append(str(p))
+    out = tmp_path / "run"
+    env = {**os.environ, "DICE_CACHE_DIR": str(build_cache)}
+    args = [sys.executable, "-m", "dice_kernels", "eval", "--task", str(TASK), *sols, "--out", str(out),
+            "--backend", "cpu", "--jobs", "2", "--trials", "1", "--no-timing", "--no-progress"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    db = out / "results.sqlite"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if db.exists() and 1 <= len(_rows(db)) < len(sols):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the worst case
+    proc.wait()
+    before = _rows(db)
+    assert 1 <= len(before) < len(sols)
+
+    r = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    after = _rows(db)
+    assert set(after) == set(sols)
+    for cid, row in before.items():  # finished results were neither lost nor evaluated again
+        assert after[cid] == row
+    assert (out / "report.md").exists() and (out / "results.jsonl").read_text().count("\n") == len(sols)
