@@ -8,6 +8,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,3 +33,18 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present (a fresh clone has no shared/)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def example_pairs():
+    """The shipped example (task, candidate) pairs of one backend, candidate ids like "19_ReLU/correct"."""
+    from dice_kernels.harness import load_candidate
+    from dice_kernels.tasks import load_tasks
+
+    def pairs(backend: str) -> list:
+        tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
+        root = EXAMPLES / "solutions" / backend / "level1"
+        return [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}"))
+                for p in sorted(root.rglob("*.py"))]
+
+    return pairs

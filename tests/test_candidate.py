@@ -1,4 +1,3 @@
-from pathlib import Path
 
 from dice_kernels.harness.candidate import candidate_from_text, extract_code, load_candidate, pair_solutions
 from dice_kernels.tasks import task_from_code

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate, load_candidate
+from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate
 from dice_kernels.tasks import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
@@ -34,7 +34,7 @@ def _model(forward_body: str, top: str = "", init_args: str = "") -> str:
 
 # name -> (candidate text, expected outcome, substring of the recorded error)
 CORPUS = {
-    "pytorch_relu": (OK_MODEL, Outcome.CORRECT, ""),
+    "pytorch_relu": (OK_MODEL, Outcome.DECEPTIVE, "aten::relu"),  # robust check: PyTorch did the work
     "prose_only": ("I am sorry, I cannot write this kernel.", Outcome.GENERATION_FAILURE, "no code"),
     "truncated": ("```python\nimport torch\nclass ModelNew(torch.nn.Mod", Outcome.GENERATION_FAILURE, "truncated"),
     "syntax_error": ("```python\nimport torch\nclass ModelNew(:\n    pass\n```", Outcome.PYTHON_ERROR, "SyntaxError"),
@@ -82,7 +82,7 @@ def test_outcome(results, name):
     r = results[name]
     assert r.outcome is expected, f"{name}: {r.outcome} ({r.error})"
     assert fragment in r.error
-    assert r.correct == (expected is Outcome.CORRECT)
+    assert r.correct is False
 
 
 @pytest.mark.slow
@@ -93,11 +93,9 @@ def test_sandbox_blocked_the_write_and_isolated_the_network(results):
 
 
 @pytest.mark.slow
-def test_example_set_real_cpp_extensions(build_cache, tmp_path):
+def test_example_set_real_cpp_extensions(build_cache, tmp_path, example_pairs):
     """The shipped CPU examples compile for real: correct ones pass and get a speedup, the rest fail as labelled."""
-    tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
-    root = EXAMPLES / "solutions" / "cpu" / "level1"
-    pairs = [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}")) for p in sorted(root.rglob("*.py"))]
+    pairs = example_pairs("cpu")
     config = EvalConfig(backend="cpu", jobs=2, trials=2, timing_iters=5, cache_dir=build_cache)
     res = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path, progress=False)}
     expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
@@ -109,4 +107,4 @@ def test_example_set_real_cpp_extensions(build_cache, tmp_path):
         assert res[name].speedup and res[name].speedup > 0 and res[name].compile_s is not None
     # second evaluation: every build comes from the content-addressed cache
     again = evaluate(pairs, config, progress=False)
-    assert all(r.extra.get("build_cache_hit") for r in again if r.outcome is not Outcome.PYTHON_ERROR or r.compile_s)
+    assert all(r.extra.get("build_cache_hit") for r in again)

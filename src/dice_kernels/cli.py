@@ -45,7 +45,8 @@ def eval_cmd(
     atol: float = typer.Option(1e-2, help="Absolute tolerance."),
     rtol: float = typer.Option(1e-2, help="Relative tolerance."),
     timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates and references."),
-    timing_iters: int = typer.Option(30, help="Timed iterations per model (median reported)."),
+    timing_iters: int = typer.Option(20, help="Least timed calls per model; more follow until the median's 95% CI is within 1% (docs/timing.md)."),
+    timing_max_s: float = typer.Option(2.0, help="Most seconds of timed calls per model."),
     timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run."),
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
@@ -69,7 +70,7 @@ def eval_cmd(
     from dice_kernels.tasks import TaskError, load_task_file, load_tasks
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
-                        timing_iters=timing_iters, run_timeout_s=timeout, compile_timeout_s=compile_timeout,
+                        timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout, compile_timeout_s=compile_timeout,
                         memory_limit_gb=memory_gb)
     if jobs:
         config.jobs = jobs

@@ -1,4 +1,5 @@
-"""Output comparison, done in the trusted parent: shapes first, then values under atol/rtol."""
+"""Output comparison, done in the trusted parent: shapes first, then values under atol/rtol; and the robust
+check's parent-side evidence (a failure that is the signature of caching or of stale memory)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dice_kernels.harness.outcomes import Outcome
+from dice_kernels.harness.outcomes import DeceptiveKind, Outcome
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,36 @@ def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[tor
                               f"trial {trial}: values differ (max abs diff {worst:.3g}, atol={atol}, rtol={rtol})")
         passed += 1
     return Comparison(Outcome.CORRECT, passed, worst)
+
+
+def _outputs_match(expected: list[torch.Tensor], got: list[torch.Tensor], atol: float, rtol: float) -> bool:
+    return compare_trials([expected], [got], atol, rtol).outcome is Outcome.CORRECT
+
+
+def _unwritten(expected: list[torch.Tensor], got: list[torch.Tensor], atol: float, rtol: float) -> int:
+    """How many differing elements hold NaN (the poison of freed memory) where the reference does not; 0 unless
+    they are nearly all of the differences (the allocator's own bookkeeping overwrites a few words of a free
+    block)."""
+    poisoned = differing = 0
+    for r, c in zip(expected, got):
+        if r.shape != c.shape or r.is_complex() or c.is_complex() or not c.is_floating_point():
+            return 0
+        rr, cc = r.double(), c.double()
+        bad = ~torch.isclose(cc, rr, atol=atol, rtol=rtol, equal_nan=True)
+        differing += int(bad.sum())
+        poisoned += int((bad & torch.isnan(cc) & ~torch.isnan(rr)).sum())
+    return poisoned if poisoned >= 0.99 * differing else 0
+
+
+def explain_mismatch(earlier: list[list[torch.Tensor]], expected: list[torch.Tensor], got: list[torch.Tensor],
+                     atol: float, rtol: float, where: str) -> tuple[DeceptiveKind, str] | None:
+    """Why a candidate that passed the calls with reference outputs `earlier` fails this one, when the failure is
+    the signature of a known hack: an earlier call's outputs returned again, or output elements never written."""
+    for j, previous in enumerate(earlier):
+        if _outputs_match(previous, got, atol, rtol) and not _outputs_match(previous, expected, atol, rtol):
+            return DeceptiveKind.CACHED_OUTPUT, f"{where} returned the outputs of trial {j} for new input content"
+    unwritten = _unwritten(expected, got, atol, rtol)
+    if unwritten:
+        return DeceptiveKind.STALE_MEMORY, (f"{where}: {unwritten} output elements were never written (they hold "
+                                            "the poison left in freed memory; correct values came from stale memory)")
+    return None

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dice_kernels.harness.integrity import ALLOWED_OPS
+
 
 def default_cache_dir() -> Path:
     """Content-addressed build cache shared across runs: $DICE_CACHE_DIR, else ~/.cache/dice-kernels/builds."""
@@ -21,18 +23,26 @@ class EvalConfig:
     rtol: float = 1e-2
     seed: int = 42
     timing: bool = True  # measure candidate and reference runtime for correct candidates
+    # timing protocol (harness/timing.py): at least `timing_iters` timed calls and 0.1 s, then until the median's
+    # 95% CI is within `timing_target_ci` of it, never past `timing_max_s` per model
     warmup: int = 3
-    timing_iters: int = 30
+    timing_iters: int = 20
+    timing_max_s: float = 2.0
+    timing_target_ci: float = 0.01
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
-    file_limit_mb: int = 4096  # largest file a worker may write (outputs are written as files)
+    file_limit_mb: int = 4096  # largest file a worker may write
     cache_dir: Path = field(default_factory=default_cache_dir)
     isolate_network: bool = True
     restrict_writes: bool = True  # Landlock: a worker may write only inside its own directories
+    # robust check (docs/robust_check.md): correct candidates caught by an integrity check become `deceptive`
+    robust: bool = True
+    allowed_ops: tuple[str, ...] = ALLOWED_OPS  # ATen ops forward may dispatch without being a PyTorch fallback
+    min_extension_gpu_share: float = 0.25  # CUDA: least share of forward's GPU time in the extension's kernels
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -47,3 +57,9 @@ class EvalConfig:
         if self.run_workers > 0:
             return self.run_workers
         return 4 if backend == "cuda" else 1
+
+    def timing_plan(self) -> dict:
+        """The `timing.TimingPlan` fields every run worker (reference and candidate alike) times with."""
+        return {"warmup": self.warmup, "min_iters": self.timing_iters, "max_iters": max(self.timing_iters, 2000),
+                "min_time_s": min(0.1, self.timing_max_s), "max_time_s": self.timing_max_s,
+                "target_rel_ci": self.timing_target_ci}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from dice_kernels.harness.outcomes import EvalResult, Outcome
 
@@ -17,6 +17,9 @@ class Metrics:
     fast: dict[str, float]  # "fast_1.0" -> fraction correct, not deceptive, speedup > p
     outcomes: dict[str, int]
     median_speedup: float | None  # over correct candidates that were timed
+    exec_before_robust: float = 0.0  # fraction whose outputs passed the comparison, deceptive or not
+    deceptive_kinds: dict[str, int] = field(default_factory=dict)  # robust check: count per sub-kind
+    degenerate_tasks: int = 0  # distinct tasks where a trivial output passes (degenerate.degenerate_flags)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -24,6 +27,11 @@ class Metrics:
 
 def is_exec(r: EvalResult) -> bool:
     return r.outcome is Outcome.CORRECT
+
+
+def passed_comparison(r: EvalResult) -> bool:
+    """Correct before the robust check: outputs matched the reference (the candidate may still be deceptive)."""
+    return r.outcome is Outcome.CORRECT or bool(r.extra.get("robust", {}).get("passed_comparison"))
 
 
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
@@ -34,8 +42,12 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
     counts = Counter(r.outcome.value for r in results)
     speedups = sorted(r.speedup for r in good if r.speedup is not None)
     median = speedups[len(speedups) // 2] if speedups else None
+    kinds = Counter(r.deceptive_kind for r in results if r.outcome is Outcome.DECEPTIVE)
+    degenerate = {r.task_id for r in results if r.extra.get("task_degenerate", {}).get("degenerate")}
     return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
-                   outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median)
+                   outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
+                   exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
+                   deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate))
 
 
 def by_level(results: list[EvalResult]) -> dict[str, Metrics]:

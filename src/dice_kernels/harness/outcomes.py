@@ -23,6 +23,35 @@ class Outcome(str, Enum):
         return self.value
 
 
+class DeceptiveKind(str, Enum):
+    """Sub-kinds of `Outcome.DECEPTIVE` (the robust check), most specific first: a result names the first that
+    applies. Parent-verified evidence (output comparisons) comes before in-worker instrumentation."""
+
+    CACHED_OUTPUT = "cached_output"  # an output of an earlier call returned for new input content
+    STALE_MEMORY = "stale_memory"  # output elements never written (still hold the allocator poison)
+    TIMING_OUTPUT_MISMATCH = "timing_output_mismatch"  # outputs produced inside the timing loop are wrong
+    TENSOR_SUBCLASS = "tensor_subclass"  # a lazy tensor subclass instead of computed values
+    TIMER_TAMPERING = "timer_tampering"  # clocks or synchronisation functions replaced
+    EVALUATOR_ACCESS = "evaluator_access"  # reads interpreter frames/objects or imports the evaluator
+    DISK_PERSISTENCE = "disk_persistence"  # reads or writes files during forward
+    UNSYNCHRONIZED_WORK = "unsynchronized_work"  # CUDA work still writing outputs after forward returned
+    BACKGROUND_THREADS = "background_threads"  # threads started in forward
+    OUTPUT_ALIASES_INPUT = "output_aliases_input"
+    INPUT_MUTATED = "input_mutated"
+    REFERENCE_MODEL = "reference_model"  # inherits, contains or instantiates the task's Model
+    TORCH_COMPILE = "torch_compile"
+    CUDA_GRAPH = "cuda_graph"
+    EXCEPTION_FALLBACK = "exception_fallback"  # an extension call raised and forward still succeeded
+    PRECISION_DOWNGRADE = "precision_downgrade"  # fp16/bf16 compute or TF32 switches in an fp32 task
+    GLOBAL_STATE_CHANGED = "global_state_changed"  # threads, cudnn/mkldnn flags, default dtype, determinism
+    PYTORCH_FALLBACK = "pytorch_fallback"  # PyTorch compute ops dispatched in forward
+    EXTENSION_UNUSED = "extension_unused"  # no compiled extension ran during forward
+    KERNEL_TIME_NEGLIGIBLE = "kernel_time_negligible"  # CUDA: the extension's kernels are a negligible share
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class EvalResult:
     """Everything the harness records about one (task, candidate) evaluation. Flat, so it maps to SQL and JSON."""

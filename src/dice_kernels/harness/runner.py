@@ -26,11 +26,13 @@ import torch
 from dice_kernels import __version__
 from dice_kernels.harness import sandbox
 from dice_kernels.harness.candidate import Candidate
-from dice_kernels.harness.compare import compare_trials
+from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch
 from dice_kernels.harness.config import EvalConfig
-from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
 from dice_kernels.harness.tensor_stream import read_trials
+from dice_kernels.harness.timing import TimingSamples, effective_time_ms, speedup_interval, stream_escape
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
@@ -89,9 +91,13 @@ class _Build:
 
 @dataclass
 class _Reference:
-    outputs: list | None
+    outputs: list | None  # per correctness trial
     time_ms: float | None
     error: str = ""
+    timing: dict = field(default_factory=dict)  # timing.TimingSamples.to_dict() of the reference
+    timing_outputs: list | None = None  # the last timing-loop call's outputs (with timing on)
+    degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
+    output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
 
 
 @dataclass
@@ -148,8 +154,11 @@ class Evaluator:
                "candidate_path": str(workdir / "candidate.py") if code is not None else None,
                "build_dir": str(build_dir) if build_dir else None, "device": "cuda" if cuda else "cpu",
                "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
-               "warmup": cfg.warmup, "iters": cfg.timing_iters, "timing_lock": str(self.timing_lock),
-               "limits": {**limits.__dict__, "writable": list(limits.writable)}}
+               "timing_plan": cfg.timing_plan(), "timing_lock": str(self.timing_lock),
+               "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
+               "robust": {"allowed_ops": list(cfg.allowed_ops),
+                          "min_extension_gpu_share": cfg.min_extension_gpu_share}
+               if cfg.robust and mode == "run" and role == "candidate" else None}
         (workdir / "job.json").write_text(json.dumps(job))
         extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
                      "OMP_NUM_THREADS": str(cfg.cpu_threads)}
@@ -228,13 +237,22 @@ class Evaluator:
         res, outputs, _ = self.run(task, None, None, label="ref")
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}")
-        return _Reference(outputs, res.get("time_ms"))
+        trials, timing = _split(outputs, self.config.trials)
+        cfg = self.config
+        return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing,
+                          degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
+                          output_findings=frozenset(res.get("output_findings", [])))
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 _NO_TASK = Task(id="-", name="-", code="")
+
+
+def _split(outputs: list, trials: int) -> tuple[list, list | None]:
+    """A worker's stream: the correctness trials, then (with timing on) the last timing-loop call's outputs."""
+    return outputs[:trials], (outputs[trials] if len(outputs) > trials else None)
 
 
 def _cleanup(workdir: Path) -> None:
@@ -387,24 +405,81 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         return _result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
                        compile_s=b.compile_s, extra=extra, **base)
     if ref is None or ref.outputs is None:
+        why = ref.error if ref else "not run"
+        if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value)):  # our limits, not a bad task
+            return _result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
+                           error=f"the reference Model exceeded the harness limits ({why})",
+                           extra={**extra, "reference_over_limits": True}, **base)
         return _result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
-                       error=f"task error: the reference Model failed ({ref.error if ref else 'not run'})",
+                       error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
     res, outputs, exit_ = ev.run(task, cand.code, b.dir, label="cand")
-    extra.update(sandbox=res.get("sandbox", []), host_ms=res.get("host_ms"))
+    extra.update(sandbox=res.get("sandbox", []))
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
+    extra["task_degenerate"] = ref.degenerate
     if outputs is None:
         outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
         return _result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
-                       correctness_trials=cfg.trials, extra={**extra, "phase": res.get("phase", "")}, **base)
-    cmp = compare_trials(ref.outputs, outputs, cfg.atol, cfg.rtol)
-    timed = cmp.outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms
-    speedup = ref.time_ms / res["time_ms"] if timed and res["time_ms"] > 0 else None
-    return _result(task, cand, cmp.outcome, error=cmp.message, compile_s=compile_s,
+                       deceptive_kind=res.get("deceptive_kind", ""), correctness_trials=cfg.trials,
+                       extra={**extra, "phase": res.get("phase", "")}, **base)
+    trials, timing_outputs = _split(outputs, cfg.trials)
+    cmp = compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
+    outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
+    if cfg.robust:
+        findings, deceptive = _robust_check(cfg, ref, cmp, trials, timing_outputs, res.get("findings", []))
+        extra["robust"] = {"findings": findings, "passed_comparison": cmp.outcome is Outcome.CORRECT}
+        if deceptive:
+            outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
+    timed = bool(outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms)
+    speedup = None
+    if timed:
+        ref_t, cand_t = TimingSamples.from_dict(ref.timing), TimingSamples.from_dict(_timing_fields(res))
+        speedup, lo, hi = speedup_interval(ref_t, cand_t)
+        extra["speedup_ci95"] = [lo, hi]
+        extra["timing"] = {"ref": _timing_summary(ref_t), "cand": _timing_summary(cand_t)}
+        if stream_escape(cand_t):  # charged at the host clock already; flagged so nobody trusts its events
+            extra["timing_flags"] = ["work_escaped_default_stream"]
+    return _result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                    ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
                    correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,
-                   timing_trials=cfg.timing_iters if timed else 0, max_abs_diff=cmp.max_abs_diff,
+                   timing_trials=len(res.get("times_ms") or ()) if timed else 0, max_abs_diff=cmp.max_abs_diff,
                    extra=extra, **base)
+
+
+def _timing_fields(res: dict) -> dict:
+    return {k: res[k] for k in TimingSamples.__dataclass_fields__ if k in res}
+
+
+def _timing_summary(t: TimingSamples) -> dict:
+    return {"median_ms": t.median_ms, "effective_ms": effective_time_ms(t), "ci_ms": list(t.ci_ms),
+            "host_ms": t.host_ms_per_iter, "samples": len(t.times_ms), "input_sets": t.n_input_sets,
+            "stop": t.stop_reason}
+
+
+def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, trials: list, timing_outputs: list | None,
+                  worker_findings: list[dict]) -> tuple[list[dict], bool]:
+    """All findings, parent-verified evidence first, and whether they make the candidate deceptive: a correct
+    candidate with any finding is; a failing one is only when its failure is the signature of a hack after it
+    passed earlier trials (cached outputs, stale memory)."""
+    findings = [f for f in worker_findings if f["kind"] not in ref.output_findings]
+    evidence = None
+    if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None:
+        got = timing_outputs or []
+        if compare_trials([ref.timing_outputs], [got], cfg.atol, cfg.rtol).outcome is not Outcome.CORRECT:
+            evidence = (explain_mismatch(ref.outputs, ref.timing_outputs, got, cfg.atol, cfg.rtol,
+                                         "the last timing-loop call")
+                        or (DeceptiveKind.TIMING_OUTPUT_MISMATCH, "the last timing-loop call's outputs are wrong "
+                            "(work was skipped inside the timing loop)"))
+    elif cmp.outcome is Outcome.VALUE_MISMATCH and cmp.trials_passed > 0:
+        k = cmp.trials_passed
+        evidence = explain_mismatch(ref.outputs[:k], ref.outputs[k], trials[k], cfg.atol, cfg.rtol, f"trial {k}")
+        if evidence is None:
+            return findings, False
+    elif cmp.outcome is not Outcome.CORRECT:
+        return findings, False
+    if evidence:
+        findings.insert(0, {"kind": evidence[0].value, "reason": evidence[1]})
+    return findings, bool(findings)
 
 
 class _Progress:

@@ -5,6 +5,11 @@ candidate's extensions into the build cache (mode "build") or runs a model on se
 the task's `Model` for role "reference", the candidate's `ModelNew` for role "candidate"), writing
 `result.json` into its private directory and its outputs into a pipe to the parent (tensor_stream). It never
 sees reference outputs: the parent compares.
+
+Trial protocol (both roles, so outputs line up): trial k runs on inputs seeded `seed + 1 + k`; odd trials write
+their values into the previous trial's input tensors (same pointers, new content) so caching keyed on pointers
+shows. With timing on, one more output follows the trials: the last timing-loop iteration's, on inputs rewritten
+in place just before it. A candidate worker with the robust check on also runs `integrity.Monitor`.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ import sys
 import time
 import traceback
 import types
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+# timing binds the clocks it uses at import, before any candidate code could replace them
+from dice_kernels.harness import timing
 from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
 from dice_kernels.harness.tensor_stream import write_trials
+
+if TYPE_CHECKING:
+    from dice_kernels.harness.integrity import Monitor
 
 _MEMORY_PATTERNS = re.compile(
     r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
@@ -43,10 +55,12 @@ class Job:
     seed: int
     trials: int
     timing: bool
-    warmup: int
-    iters: int
+    timing_plan: dict
     limits: dict
     timing_lock: str | None = None  # file whose flock serialises timing across concurrent workers
+    robust: dict | None = None  # candidate role: {"allowed_ops": [...], "min_extension_gpu_share": float}
+    atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
+    rtol: float = 0.0
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -56,9 +70,9 @@ class Job:
 class StageError(Exception):
     """An error attributed to the candidate, tagged with its outcome kind and the phase it happened in."""
 
-    def __init__(self, kind: str, phase: str, message: str):
+    def __init__(self, kind: str, phase: str, message: str, deceptive_kind: str = ""):
         super().__init__(message)
-        self.kind, self.phase, self.message = kind, phase, message
+        self.kind, self.phase, self.message, self.deceptive_kind = kind, phase, message, deceptive_kind
 
 
 @dataclass
@@ -74,11 +88,12 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", str(name))[:64] or "ext"
 
 
-def _patch_extension_loaders(job: Job, log: BuildLog) -> None:
+def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -> None:
     """Route every `load_inline`/`load` call through the content-addressed build cache.
 
     build mode compiles into `build_dir/<name>`; run mode imports what the build produced (the cache is
-    read-only to it) and only compiles, into its private directory, extensions the build never saw.
+    read-only to it) and only compiles, into its private directory, extensions the build never saw. With a
+    monitor, the returned modules are wrapped so calls into them are counted.
     """
     import torch.utils.cpp_extension as cpp
 
@@ -98,8 +113,9 @@ def _patch_extension_loaders(job: Job, log: BuildLog) -> None:
             is_python_module = bound.arguments.get("is_python_module", True)
             if key in manifest:
                 entry = manifest[key]
-                return cpp._import_module_from_library(entry["module"], str(Path(job.build_dir) / entry["dir"]),
-                                                       is_python_module)
+                module = cpp._import_module_from_library(entry["module"], str(Path(job.build_dir) / entry["dir"]),
+                                                         is_python_module)
+                return monitor.wrap_extension(module, name) if monitor else module
             root = Path(job.build_dir) if job.mode == "build" else Path(job.workdir) / "late_builds"
             out = root / f"{name}_{counts[name]}"
             out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +131,7 @@ def _patch_extension_loaders(job: Job, log: BuildLog) -> None:
                 log.compile_s += time.monotonic() - start
             module_name = module.__name__ if isinstance(module, types.ModuleType) else name
             log.built.append({"key": key, "module": module_name, "dir": str(out.relative_to(root))})
-            return module
+            return monitor.wrap_extension(module, name) if monitor else module
 
         patched.__wrapped__ = original
         return patched
@@ -161,8 +177,8 @@ def _flatten(out, where: str) -> list:
 
     if isinstance(out, torch.Tensor):
         if type(out) is not torch.Tensor and not isinstance(out, torch.nn.Parameter):
-            raise StageError("python_error", "forward",
-                             f"{where} returned a tensor subclass ({type(out).__name__}); only plain tensors count")
+            raise StageError("deceptive", "forward", f"{where} returned a tensor subclass ({type(out).__name__}); "
+                             "only plain tensors count", deceptive_kind="tensor_subclass")
         return [out]
     if isinstance(out, (tuple, list)):
         return [t for item in out for t in _flatten(item, where)]
@@ -224,53 +240,112 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time_forward(model, inputs, job: Job) -> dict:
-    """Median per-call time, measured while holding the timing lock so no other worker's timing overlaps."""
+def _trial_inputs(task: types.ModuleType, job: Job, seed: int, into: list | None = None) -> list:
+    """The task's inputs for `seed`; with `into`, their values are written into those tensors (same pointers)."""
+    _seed_all(seed)
+    fresh = _to_device(list(task.get_inputs()), job.device)
+    return fresh if into is None else _copy_into(into, fresh)
+
+
+def _copy_into(into: list, fresh: list) -> list:
+    """`fresh`'s values, in `into`'s tensors wherever shape, dtype and device agree."""
+    import torch
+
+    if len(into) != len(fresh):
+        return fresh
+    reused = []
+    for old, new in zip(into, fresh):
+        same = (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.shape == new.shape
+                and old.dtype == new.dtype and old.device == new.device)
+        reused.append(old.copy_(new) if same else new)
+    return reused
+
+
+def _collect(result, where: str, job: Job, monitor: Monitor | None) -> list:
+    """Forward's outputs as CPU copies, taken once all device work is done."""
+    outs = _flatten(result, where)
+    if monitor:
+        monitor.check_side_streams(outs)
+    _sync(job.device)
+    return outs
+
+
+def _forward_once(model, inputs: list, where: str, job: Job, monitor: Monitor | None,
+                  poison_sizes: list[int]) -> tuple[list, list]:
+    """One correctness call: (CPU outputs, findings on aliasing and input mutation)."""
+    from dice_kernels.harness import integrity
+
+    before = integrity.snapshot_inputs(inputs)
+    if monitor:
+        integrity.poison_free_memory(job.device, poison_sizes)
+    with monitor.forward(inputs, model) if monitor else nullcontext():
+        result = model(*inputs)
+    outs = _collect(result, where, job, monitor)
+    findings = integrity.output_findings(inputs, before, outs)
+    return [t.detach().to("cpu", copy=True) for t in outs], findings
+
+
+def _input_copy_passes(inputs: list, outputs: list, job: Job) -> bool:
+    """Would returning an input (of the output's shape) pass the comparison for every output?"""
+    import torch
+
+    from dice_kernels.harness.integrity import tensors_in
+
+    ins = [t.detach().cpu() for t in tensors_in(inputs)]
+    return all(any(i.shape == o.shape and not i.is_complex() and not o.is_complex()
+                   and torch.allclose(i.double(), o.double(), atol=job.atol, rtol=job.rtol, equal_nan=True)
+                   for i in ins) for o in outputs)
+
+
+def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
+                  poison_sizes: list[int]) -> tuple[dict, list]:
+    """Timing while holding the timing lock (no other worker's timing overlaps); also the last call's outputs."""
     if not job.timing_lock:
-        return _timed_loop(model, inputs, job)
+        return _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
     import fcntl
 
     with open(job.timing_lock) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _timed_loop(model, inputs, job)
+        return _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
 
 
-def _timed_loop(model, inputs, job: Job) -> dict:
-    """CUDA events on GPU, monotonic clock on CPU; plus a host-clock mean across a full synchronize."""
+def _timed_loop(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
+                poison_sizes: list[int]) -> tuple[dict, list]:
+    """The timing protocol (harness/timing.py) over rotating input sets, then one more call whose outputs the
+    parent re-checks: it runs on inputs rewritten in place just before it (and, with a monitor, after poisoning
+    the allocator's free blocks), so work skipped or cached inside the loop shows as wrong outputs there."""
+    from dice_kernels.harness.integrity import poison_free_memory
+
+    plan = timing.TimingPlan(**job.timing_plan)
+    n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), timing.l2_size_bytes(job.device), plan)
+    sets = [inputs] + [_trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
+    samples = timing.time_calls(model, sets, plan, job.device, timing.make_flush(job.device))
+    del sets[1:]
+    last_inputs = _trial_inputs(task, job, job.seed + 2 + job.trials)
+    _copy_into(inputs, last_inputs)
+    if monitor:  # allocates nothing but the poison, so the poisoned blocks are the next ones handed out
+        poison_free_memory(job.device, poison_sizes)
+    outs = _collect(model(*inputs), where, job, monitor)
+    report = {**samples.to_dict(), "time_ms": timing.effective_time_ms(samples)}
+    return report, [t.detach().to("cpu", copy=True) for t in outs]
+
+
+def _nbytes(tensors: list) -> list[int]:
+    return [t.numel() * t.element_size() for t in tensors]
+
+
+def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
     import torch
 
-    for _ in range(job.warmup):
-        model(*inputs)
-    _sync(job.device)
-    times = []
-    host_start = time.perf_counter()
-    if job.device.startswith("cuda"):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(job.iters)]
-        for start, end in events:
-            start.record()
-            model(*inputs)
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in events]
-    else:
-        for _ in range(job.iters):
-            t0 = time.perf_counter()
-            model(*inputs)
-            times.append((time.perf_counter() - t0) * 1e3)
-    host_ms = (time.perf_counter() - host_start) * 1e3 / job.iters
-    times.sort()
-    return {"time_ms": times[len(times) // 2], "times_ms": times, "host_ms": host_ms}
-
-
-def run_model(job: Job, log: BuildLog) -> dict:
-    import torch
+    from dice_kernels.harness.integrity import tensors_in
 
     phase = "import"
     try:
         task = _load_module("dice_task", job.task_path)
         reference_cls = task.Model
         if job.role == "candidate":
+            if monitor:
+                monitor.watch_reference(reference_cls)
             candidate = _load_module("dice_candidate", job.candidate_path)
             if log.failures:
                 raise StageError("compile_error", "build", log.failures[0])
@@ -288,27 +363,59 @@ def run_model(job: Job, log: BuildLog) -> dict:
         model = cls(*init_inputs)
         if isinstance(model, torch.nn.Module):
             model = model.to(job.device).eval()
+        if monitor:
+            monitor.check_model(cls, model)
+            monitor.check_globals("after __init__")
         phase = "forward"
-        outputs = []
+        where = cls.__name__ + ".forward"
+        outputs, findings, inputs, copy_passes = [], [], None, True
         with torch.no_grad():
             for trial in range(job.trials):
-                _seed_all(job.seed + 1 + trial)
-                inputs = _to_device(list(task.get_inputs()), job.device)
-                result = model(*inputs)
-                _sync(job.device)
-                outputs.append([t.detach().to("cpu", copy=True) for t in _flatten(result, cls.__name__ + ".forward")])
+                inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
+                previous = outputs[-1] if outputs else tensors_in(inputs)
+                outs, found = _forward_once(model, inputs, where, job, monitor, _nbytes(previous))
+                outputs.append(outs)
+                findings += found
+                if job.role == "reference":
+                    copy_passes = copy_passes and _input_copy_passes(inputs, outs, job)
+            if monitor:
+                monitor.check_globals("after forward")
             timing = {}
             if job.timing:
                 phase = "timing"
-                _seed_all(job.seed + 1)
-                inputs = _to_device(list(task.get_inputs()), job.device)
-                timing = _time_forward(model, inputs, job)
+                inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
+                timing, last = _time_forward(model, task, inputs, where, job, monitor, _nbytes(outputs[0]))
+                outputs.append(last)
+                if monitor:
+                    monitor.check_globals("after timing")
+            if monitor and job.device.startswith("cuda") and monitor.ext_calls:
+                monitor.check_gpu_share(model, inputs)
         with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
             write_trials(stream, outputs)
-        return {"status": "ok", "trials": len(outputs), **timing}
+        report = {"status": "ok", "trials": len(outputs), **timing}
+        if monitor:
+            for f in findings:
+                monitor.add(f.kind, f.reason)
+            report["findings"] = [f.to_dict() for f in monitor.findings()]
+        elif job.role == "reference":
+            report.update(input_copy_passes=copy_passes, output_findings=sorted({f.kind.value for f in findings}))
+        return report
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes an outcome
         err = _classify(e, phase, log)
-        return {"status": "error", "kind": err.kind, "phase": err.phase, "error": err.message}
+        return {"status": "error", "kind": err.kind, "phase": err.phase, "error": err.message,
+                "deceptive_kind": err.deceptive_kind}
+
+
+def _monitor(job: Job) -> Monitor | None:
+    """The robust check's instrumentation, installed before the candidate's module is executed."""
+    if job.mode != "run" or job.role != "candidate" or job.robust is None:
+        return None
+    from dice_kernels.harness.integrity import Monitor
+
+    monitor = Monitor(job.device, job.candidate_path, job.workdir, tuple(job.robust["allowed_ops"]),
+                      float(job.robust["min_extension_gpu_share"]))
+    monitor.install()
+    return monitor
 
 
 def build(job: Job, log: BuildLog) -> dict:
@@ -325,10 +432,12 @@ def build(job: Job, log: BuildLog) -> dict:
 
 def main(job_path: str) -> None:
     job = Job.read(job_path)
+    os.unlink(job_path)  # trials, seeds and iteration counts are not for the candidate to read
     notes = confine(Limits(**{**job.limits, "writable": tuple(job.limits["writable"])}))
     log = BuildLog()
-    _patch_extension_loaders(job, log)
-    result = build(job, log) if job.mode == "build" else run_model(job, log)
+    monitor = _monitor(job)
+    _patch_extension_loaders(job, log, monitor)
+    result = build(job, log) if job.mode == "build" else run_model(job, log, monitor)
     result.update(built=log.built, compile_s=log.compile_s, sandbox=notes)
     # Written last and atomically: a worker that dies earlier leaves no result and the parent says so.
     tmp = Path(job.workdir) / "result.json.tmp"

@@ -17,12 +17,15 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
     levels = by_level(results)
     harness_errors = [r for r in results if r.outcome is Outcome.HARNESS_ERROR]
     task_errors = sorted({r.task_id for r in harness_errors if r.extra.get("task_error")})
+    over_limits = sorted({r.task_id for r in harness_errors if r.extra.get("reference_over_limits")})
     speedups = sorted(r.speedup for r in results if r.outcome is Outcome.CORRECT and r.speedup is not None)
     return {
         **meta,
         "metrics": {k: m.to_dict() for k, m in levels.items()},
         "tasks_with_failing_reference": task_errors,
-        "internal_harness_errors": sum(1 for r in harness_errors if not r.extra.get("task_error")),
+        "tasks_whose_reference_exceeds_limits": over_limits,
+        "internal_harness_errors": sum(1 for r in harness_errors
+                                       if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
         "speedup_quantiles": _quantiles(speedups),
     }
 
@@ -40,16 +43,28 @@ def markdown(s: dict) -> str:
         if key in s:
             lines.append(f"- **{key}**: {s[key]}")
     lines += ["", "## Exec and fast_p (vs PyTorch eager)", "",
-              "| level | n | Exec | " + " | ".join(f"fast_{p:g}" for p in FAST_P) + " | median speedup |",
-              "|---|---|---|" + "---|" * len(FAST_P) + "---|"]
+              "| level | n | Exec before robust check | Exec | " + " | ".join(f"fast_{p:g}" for p in FAST_P)
+              + " | median speedup | degenerate tasks |",
+              "|---|---|---|---|" + "---|" * len(FAST_P) + "---|---|"]
     for level, m in s["metrics"].items():
         med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
-        lines.append(f"| {level} | {m['n']} | {_pct(m['exec_rate'])} | "
-                     + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P) + f" | {med} |")
+        lines.append(f"| {level} | {m['n']} | {_pct(m['exec_before_robust'])} | {_pct(m['exec_rate'])} | "
+                     + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P)
+                     + f" | {med} | {m['degenerate_tasks']} |")
+    lines += ["", "Speedups are medians of bootstrap ratios of the two timing samples (docs/timing.md); each "
+              "result's 95% interval is in `results.jsonl` (`extra.speedup_ci95`)."]
     lines += ["", "## Outcomes", "", "| outcome | count |", "|---|---|"]
     for outcome, count in s["metrics"]["all"]["outcomes"].items():
         if count:
             lines.append(f"| {outcome} | {count} |")
+    if s["tasks_whose_reference_exceeds_limits"]:
+        lines += ["", "Tasks whose reference `Model` exceeds the harness's time or memory limits (their candidates "
+                  "are counted as harness_error; raise --memory-gb / --timeout): "
+                  + ", ".join(s["tasks_whose_reference_exceeds_limits"])]
+    kinds = s["metrics"]["all"]["deceptive_kinds"]
+    if kinds:
+        lines += ["", "## Robust check: deceptive candidates by sub-kind", "", "| sub-kind | count |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in kinds.items()]
     if s["tasks_with_failing_reference"]:
         lines += ["", "Tasks whose reference `Model` itself fails (their candidates are counted as harness_error "
                   "with `task_error`): " + ", ".join(s["tasks_with_failing_reference"])]
@@ -98,12 +113,12 @@ def console_table(s: dict):
     from rich.table import Table
 
     table = Table(title="dice eval")
-    for col in ("level", "n", "Exec", *(f"fast_{p:g}" for p in FAST_P), "median speedup"):
+    for col in ("level", "n", "Exec (pre-robust)", "Exec", *(f"fast_{p:g}" for p in FAST_P), "median speedup"):
         table.add_column(col, justify="right")
     for level, m in s["metrics"].items():
         med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
-        table.add_row(level, str(m["n"]), _pct(m["exec_rate"]), *(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P),
-                      med)
+        table.add_row(level, str(m["n"]), _pct(m["exec_before_robust"]), _pct(m["exec_rate"]),
+                      *(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P), med)
     return table
 
 
@@ -116,6 +131,8 @@ def outcome_table(s: dict):
     for outcome, count in s["metrics"]["all"]["outcomes"].items():
         if count:
             table.add_row(outcome, str(count))
+    for kind, count in s["metrics"]["all"]["deceptive_kinds"].items():
+        table.add_row(f"  deceptive/{kind}", str(count))
     return table
 
 

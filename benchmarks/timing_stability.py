@@ -1,0 +1,339 @@
+"""Timing stability: our protocol (harness/timing.py) vs a KernelBench-style timer, on real DICE pairs (issue 4).
+
+For each of N correct DICE pairs, K separate processes each time the reference `Model` and the candidate
+`ModelNew` with both protocols; the parent reports, per protocol, the median and worst max/min ratio of the K
+repeated speedups. A built-in adversarial candidate that runs its matmul on a side stream shows what each protocol
+reports for it. Usage on the H200:
+
+    python benchmarks/timing_stability.py --out timing_stability.json          # N=20, K=5, < 9 minutes
+    python benchmarks/timing_stability.py --smoke --out /tmp/smoke.json          # tiny CPU-only check
+
+Phases: (1) build: every candidate tried is compiled in its own process, 16 at a time, with
+TORCH_EXTENSIONS_DIR per pair so later processes reload the build instead of compiling (pairs reuse extension
+names such as `custom_ops`, so a shared directory would clobber); the same process checks correctness (allclose
+1e-2 on two seeded inputs). (2) time: K processes per correct pair (`--one ID`), a few at once, each taking a
+file lock around input generation and timing so no two timings overlap on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the package is not installed
+
+from dice_kernels.harness import timing as T  # noqa: E402
+
+DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
+RESULT = "RESULT "  # prefix of the one line a child prints for the parent (pairs print build logs freely)
+
+# Built-in pairs: (reference source, candidate source). Real code strings so children load them like DICE pairs.
+_MATMUL_REF = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+N = {n}
+def get_inputs():
+    return [torch.randn(N, N), torch.randn(N, N)]
+def get_init_inputs():
+    return []
+"""
+BUILTIN = {
+    # a candidate that launches the real work on a side stream and returns at once (a timing attack)
+    "side_stream": (_MATMUL_REF.format(n=4096), """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            return a @ b
+"""),
+    # --smoke: an honest CPU candidate and one that finishes its output on a background thread
+    "smoke_mm": (_MATMUL_REF.format(n=96), """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return torch.einsum("ik,kj->ij", a, b)
+"""),
+    "smoke_thread": (_MATMUL_REF.format(n=96), """
+import threading, time, torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        out = torch.empty(a.shape[0], b.shape[1])
+        def work():
+            time.sleep(0.005)
+            torch.mm(a, b, out=out)
+        threading.Thread(target=work).start()
+        return out
+"""),
+}
+ADVERSARIAL = {"side_stream", "smoke_thread"}
+
+
+# ---------------------------------------------------------------------------------------------- children
+
+
+def _module(name: str, code: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    exec(compile(code, f"<{name}>", "exec"), mod.__dict__)  # noqa: S102 - benchmark inputs, run on our machine
+    return mod
+
+
+def _load_pair(pair_id: str, pairs_path: Path) -> tuple[str, str]:
+    if pair_id in BUILTIN:
+        return BUILTIN[pair_id]
+    row = next(r for r in json.loads(pairs_path.read_text()) if str(r["id"]) == pair_id)
+    return row["pytorch_code"], row["cuda_code"]
+
+
+def _models(pair_id: str, pairs_path: Path):
+    """The task module and both models, seeded alike, on the CPU (callers move them, so a timing child touches
+    the GPU only while it holds the timing lock)."""
+    ref_code, cand_code = _load_pair(pair_id, pairs_path)
+    task = _module("task", ref_code)
+    cand = _module("cand", cand_code)  # compiles (or reloads) its extensions here
+    init = list(task.get_init_inputs())
+    torch.manual_seed(0)
+    ref = task.Model(*init).eval()
+    torch.manual_seed(0)
+    new = cand.ModelNew(*init).eval()
+    return task, ref, new
+
+
+def _inputs(task, seed: int, device: str) -> list:
+    torch.manual_seed(seed)
+    with torch.device(device):  # factory calls inside get_inputs allocate on the device: fast for big inputs
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
+
+
+def _set_bytes(task) -> int:
+    """Bytes of one input set, from shapes alone where the task allows (meta tensors cost nothing)."""
+    try:
+        return T.tensor_bytes(_inputs(task, 1, "meta"))
+    except Exception:  # noqa: BLE001 - get_inputs did something meta tensors cannot; pay for real ones
+        return T.tensor_bytes(_inputs(task, 1, "cpu"))
+
+
+def _flat(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def build_one(pair_id: str, pairs_path: Path, device: str) -> dict:
+    """Compile the pair's extension (into TORCH_EXTENSIONS_DIR) and check the candidate on two seeded inputs."""
+    t0 = time.perf_counter()
+    try:
+        task, ref, new = _models(pair_id, pairs_path)
+        ref, new = ref.to(device), new.to(device)
+        with torch.no_grad():
+            for seed in (1, 2):
+                inputs = _inputs(task, seed, device)
+                want, got = _flat(ref(*inputs)), _flat(new(*inputs))
+                T.synchronize(device)
+                if len(want) != len(got) or not all(
+                        w.shape == g.shape and torch.allclose(w.double(), g.double(), atol=1e-2, rtol=1e-2)
+                        for w, g in zip(want, got)):
+                    return {"id": pair_id, "correct": False, "error": "mismatch", "build_s": time.perf_counter() - t0}
+        return {"id": pair_id, "correct": True, "error": "", "build_s": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001 - any failure just excludes the pair
+        return {"id": pair_id, "correct": False, "error": f"{type(e).__name__}: {e}"[:300],
+                "build_s": time.perf_counter() - t0}
+
+
+def _summary(s: T.TimingSamples) -> dict:
+    return {"median_ms": s.median_ms, "ci_ms": s.ci_ms, "host_ms": s.host_ms_per_iter,
+            "effective_ms": T.effective_time_ms(s), "escaped_ratio": s.escaped_ratio, "escape": T.stream_escape(s),
+            "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s}
+
+
+def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan: T.TimingPlan,
+             flush_cache_bytes: int | None) -> dict:
+    """Both protocols on reference and candidate, in this (fresh) process, under the timing lock."""
+    task, ref, new = _models(pair_id, pairs_path)
+    set_bytes = _set_bytes(task)
+    with open(lock_path, "a") as lock, torch.no_grad():
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ref, new = ref.to(device), new.to(device)
+        n_sets = T.n_input_sets(set_bytes, T.l2_size_bytes(device), plan)
+        sets = [_inputs(task, 1 + k, device) for k in range(n_sets)]
+        flush = T.make_flush(device, flush_cache_bytes)
+        ours_ref = T.time_calls(ref, sets, plan, device, flush)
+        ours_new = T.time_calls(new, sets, plan, device, flush)
+        kb_ref = T.kernelbench_style_ms(ref, sets[0], device=device)
+        kb_new = T.kernelbench_style_ms(new, sets[0], device=device)
+        T.synchronize(device)
+    med, lo, hi = T.speedup_interval(ours_ref, ours_new)
+    return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes,
+            "ours": {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ours_ref), "cand": _summary(ours_new)},
+            "kb": {"speedup": kb_ref / kb_new, "ref_ms": kb_ref, "cand_ms": kb_new}}
+
+
+# ---------------------------------------------------------------------------------------------- parent
+
+
+def _child(args: argparse.Namespace, flag: str, pair_id: str, timeout: float) -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "TORCH_EXTENSIONS_DIR": str(Path(args.cache) / "ext" / pair_id), "MAX_JOBS": str(args.max_jobs)}
+    if args.arch:
+        env["TORCH_CUDA_ARCH_LIST"] = args.arch
+    cmd = [sys.executable, __file__, flag, pair_id, "--pairs", str(args.pairs), "--cache", str(args.cache)]
+    if args.smoke:
+        cmd.append("--smoke")
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"id": pair_id, "error": f"timeout after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if not lines:
+        return {"id": pair_id, "error": f"rc={proc.returncode}: {proc.stderr[-400:]}"}
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def _spread(values: list[float]) -> float:
+    return max(values) / min(values) if values and min(values) > 0 else float("inf")
+
+
+def aggregate(runs: list[dict]) -> dict:
+    by_id: dict[str, list[dict]] = {}
+    for r in runs:
+        if "error" not in r:
+            by_id.setdefault(r["id"], []).append(r)
+    rows = []
+    for pid, rs in by_id.items():
+        ours = [r["ours"]["speedup"] for r in rs]
+        kb = [r["kb"]["speedup"] for r in rs]
+        rows.append({"id": pid, "adversarial": pid in ADVERSARIAL, "reps": len(rs),
+                     "ours_median": statistics.median(ours), "ours_spread": _spread(ours),
+                     "kb_median": statistics.median(kb), "kb_spread": _spread(kb),
+                     "ref_ms": statistics.median(r["ours"]["ref"]["effective_ms"] for r in rs),
+                     "ours_escape_flagged": all(r["ours"]["cand"]["escape"] for r in rs),
+                     # what a harness using our protocol would reward: a CI above 1 and no escape flag
+                     "ours_rewarded_faster": any(r["ours"]["lo"] > 1 and not r["ours"]["cand"]["escape"] for r in rs)})
+    honest = [r for r in rows if not r["adversarial"] and r["reps"] >= 2]
+    summary = {}
+    for proto in ("ours", "kb"):
+        spreads = [r[f"{proto}_spread"] for r in honest]
+        summary[proto] = {"pairs": len(spreads), "median_spread": statistics.median(spreads) if spreads else None,
+                          "worst_spread": max(spreads) if spreads else None}
+    return {"rows": rows, "summary": summary}
+
+
+def print_table(agg: dict) -> None:
+    print(f"{'pair':>14} {'reps':>4} {'ref ms':>9} | {'ours x':>7} {'spread':>7} | {'KB x':>7} {'spread':>7} | note")
+    for r in agg["rows"]:
+        note = ""
+        if r["adversarial"]:
+            note = ("ADVERSARIAL: escape flagged" if r["ours_escape_flagged"] else "ADVERSARIAL: NOT flagged") + (
+                ", rewarded as faster by ours!" if r["ours_rewarded_faster"] else ", never rewarded by ours")
+        print(f"{r['id']:>14} {r['reps']:>4} {r['ref_ms']:>9.4f} | {r['ours_median']:>7.3f} {r['ours_spread']:>7.3f}"
+              f" | {r['kb_median']:>7.3f} {r['kb_spread']:>7.3f} | {note}")
+    for proto, s in agg["summary"].items():
+        if s["pairs"]:
+            print(f"{proto:>5}: {s['pairs']} pairs, max/min speedup ratio over repeats: median {s['median_spread']:.4f},"
+                  f" worst {s['worst_spread']:.4f}")
+
+
+def main_parent(args: argparse.Namespace) -> None:
+    t_start = time.perf_counter()
+    Path(args.cache).mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        to_build, extra = ["smoke_mm"], ["smoke_thread"]
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("the full benchmark needs a CUDA GPU; use --smoke on a CPU machine")
+        major, minor = torch.cuda.get_device_capability()
+        args.arch = args.arch or f"{major}.{minor}"
+        rows = json.loads(Path(args.pairs).read_text())
+        to_build, extra = [str(r["id"]) for r in rows[:args.try_pairs]], ["side_stream"]
+
+    # (1) build + correctness, many at once; stop waiting once N pairs are known correct
+    built: list[dict] = []
+    with ThreadPoolExecutor(args.build_jobs) as pool:
+        futures = [pool.submit(_child, args, "--build-one", pid, args.build_timeout) for pid in to_build]
+        for fut in as_completed(futures):
+            built.append(fut.result())
+            if sum(b.get("correct", False) for b in built) >= args.n:
+                for f in futures:
+                    f.cancel()
+                break
+    order = {pid: i for i, pid in enumerate(to_build)}
+    correct = sorted((b["id"] for b in built if b.get("correct")), key=order.get)[:args.n]
+    build_s = time.perf_counter() - t_start
+    print(f"built {len(built)} pairs in {build_s:.0f} s: {len(correct)} correct", flush=True)
+
+    # (2) K fresh processes per pair, repeat-major so a pair's repeats are spread over the run
+    jobs = [pid for _ in range(args.repeats) for pid in correct + extra]
+    runs: list[dict] = []
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        futures = []
+        for pid in jobs:
+            futures.append(pool.submit(
+                lambda p: _child(args, "--one", p, args.run_timeout)
+                if time.perf_counter() - t_start < args.budget_s else {"id": p, "error": "over budget"}, pid))
+        for fut in as_completed(futures):
+            runs.append(fut.result())
+    agg = aggregate(runs)
+    print_table(agg)
+    errors = [r for r in runs + built if r.get("error")]
+    for e in errors[:10]:
+        print("error:", e["id"], e["error"][:200])
+    out = {"device": torch.cuda.get_device_name() if not args.smoke else "cpu", "torch": torch.__version__,
+           "n": len(correct), "repeats": args.repeats, "build_s": build_s, "total_s": time.perf_counter() - t_start,
+           "built": built, "runs": runs, **agg}
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"total {out['total_s']:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
+    ap.add_argument("--n", type=int, default=20, help="correct pairs to time")
+    ap.add_argument("--try-pairs", type=int, default=32, help="pairs to build, in file order, to find N correct")
+    ap.add_argument("--repeats", type=int, default=5, help="separate processes per pair")
+    ap.add_argument("--build-jobs", type=int, default=16)
+    ap.add_argument("--max-jobs", type=int, default=2, help="MAX_JOBS for each build's ninja")
+    ap.add_argument("--concurrency", type=int, default=4, help="timing processes alive at once (timing is locked)")
+    ap.add_argument("--cache", default="/tmp/dice_timing_stability")
+    ap.add_argument("--arch", default="", help="TORCH_CUDA_ARCH_LIST; default: the present GPU's")
+    ap.add_argument("--build-timeout", type=float, default=300)
+    ap.add_argument("--run-timeout", type=float, default=120)
+    ap.add_argument("--budget-s", type=float, default=480, help="start no timing process after this many seconds")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU-only run of the same machinery")
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.smoke:
+        args.repeats = min(args.repeats, 3)
+    device = "cpu" if args.smoke else "cuda"
+    if args.build_one:
+        print(RESULT + json.dumps(build_one(args.build_one, args.pairs, device)), flush=True)
+    elif args.one:
+        if args.smoke:  # a short plan and a small flush: a smoke test of the machinery, not a measurement
+            torch.set_num_threads(1)
+            plan, flush_bytes = T.TimingPlan(min_iters=16, max_time_s=0.3, min_time_s=0.05), 1 << 20
+        else:
+            plan, flush_bytes = T.TimingPlan(warmup=5, min_iters=50, max_iters=5000, min_time_s=0.2,
+                                             max_time_s=1.5, target_rel_ci=0.005), None
+        result = time_one(args.one, args.pairs, device, Path(args.cache) / "timing.lock", plan, flush_bytes)
+        print(RESULT + json.dumps(result), flush=True)
+    else:
+        main_parent(args)
+
+
+if __name__ == "__main__":
+    main()

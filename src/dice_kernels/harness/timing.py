@@ -1,0 +1,496 @@
+"""Timing protocol building blocks (issue 4): how one model is timed so speedups reproduce and resist gaming.
+
+This module owns the measurement itself and the arithmetic on it, nothing else: how many rotating input sets to
+pre-generate, the cache flush (and persisting-L2 reset), the adaptive timed loop with its two clocks (per-call
+CUDA events or `perf_counter`, and a host clock per iteration that runs until every stream and thread the call
+started has finished), the time we report, the stream-escape flag, bootstrap speedup intervals, speed-of-light
+bounds and the KernelBench-style timer kept for comparison. It never imports candidate code, writes files or
+spawns processes (it reads /proc and sysfs); the worker calls it inside its sandbox, under the timing lock.
+See docs/timing.md for the protocol and what each step defends against."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+_MiB = 1 << 20
+_CPU_L2_FALLBACK = 32 * _MiB  # when sysfs is unreadable: a typical server last-level cache
+_Z95 = 1.959964  # two-sided 95 % normal quantile
+
+# Bound when this module is imported, which the worker does before it runs any candidate code: a candidate that
+# later replaces time.perf_counter*, torch.cuda.synchronize or torch.cuda.Event does not reach these references.
+_now_ns = time.perf_counter_ns
+_now_s = time.perf_counter
+_cuda_sync = torch.cuda.synchronize
+_CudaEvent = torch.cuda.Event
+
+
+# ---------------------------------------------------------------------------------------------- plan and inputs
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How long to time: at least `min_iters` and `min_time_s`, then until the median's 95 % CI is within
+    `target_rel_ci` of it, but never past `max_iters` or `max_time_s`."""
+
+    warmup: int = 3
+    min_iters: int = 20
+    max_iters: int = 2000
+    min_time_s: float = 0.1
+    max_time_s: float = 2.0
+    target_rel_ci: float = 0.01
+    input_bytes_target: int | None = None  # total bytes of rotating input sets; None: 2 x the cache size
+    input_memory_budget: int = 4 << 30  # never pre-generate more input bytes than this
+    max_input_sets: int = 64
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) list/tuple/dict of inputs or outputs; other values count zero."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def n_input_sets(set_bytes: int, l2_bytes: int, plan: TimingPlan = TimingPlan()) -> int:
+    """How many distinct input sets to pre-generate and rotate through.
+
+    Enough that together they exceed the target (default 2 x L2), so an iteration never finds its inputs left in
+    cache by the previous one even without the flush, and at least 2 so consecutive calls never see the same
+    content or pointers (defeats output caching keyed on either). Capped by the memory budget (at least 1 set)
+    and by `max_input_sets`: tiny inputs then fall short of the target, and the flush alone keeps them cold.
+    """
+    target = plan.input_bytes_target if plan.input_bytes_target is not None else 2 * l2_bytes
+    n = max(2, target // max(1, set_bytes) + 1)
+    return max(1, min(n, plan.max_input_sets, plan.input_memory_budget // max(1, set_bytes)))
+
+
+# ---------------------------------------------------------------------------------------------- caches
+
+
+def _is_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _cpu_cache_bytes() -> int:
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = Path(path).read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=_CPU_L2_FALLBACK)
+
+
+def l2_size_bytes(device: str | torch.device) -> int:
+    """The cache a flush must evict: the GPU's L2, or on CPU the largest cache level cpu0 reports."""
+    if _is_cuda(device):
+        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+    return _cpu_cache_bytes()
+
+
+@functools.lru_cache(maxsize=1)
+def _libcudart() -> ctypes.CDLL | None:
+    """The CUDA runtime torch itself loaded (so the call reaches the same context), else any on the path."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libcudart" in line})
+        for path in paths:
+            if os.path.exists(path):
+                return ctypes.CDLL(path)
+    except OSError:
+        pass
+    name = ctypes.util.find_library("cudart")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+_CUDA_LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
+
+
+def reset_persisting_l2(disable: bool = True) -> bool:
+    """Best effort: demote all persisting L2 lines to normal (and, with `disable`, shrink the persisting carve-out
+    to 0), so an access-policy window set by a candidate cannot keep its data resident across the flush. True if
+    the calls succeeded; never raises (False without CUDA or libcudart)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        lib = _libcudart()
+        if lib is None:
+            return False
+        ok = True
+        if disable:
+            ok = lib.cudaDeviceSetLimit(ctypes.c_int(_CUDA_LIMIT_PERSISTING_L2), ctypes.c_size_t(0)) == 0
+        return lib.cudaCtxResetPersistingL2Cache() == 0 and ok
+    except (OSError, AttributeError):
+        return False
+
+
+def make_flush(device: str | torch.device, l2_bytes: int | None = None) -> Callable[[], None]:
+    """A callable that overwrites 2 x the cache size (and, on CUDA, resets persisting L2) so every timed iteration
+    starts cold. CUDA: a `zero_()` on a device buffer, queued on the current stream; CPU: `fill_` of a host array."""
+    size = 2 * (l2_bytes if l2_bytes is not None else l2_size_bytes(device))
+    if _is_cuda(device):
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        reset_persisting_l2(disable=True)  # once: changing a device limit may be slow; a candidate re-raising it
+        # still has its persisting lines demoted before every call
+
+        def flush_cuda() -> None:
+            reset_persisting_l2(disable=False)
+            buf.zero_()
+
+        return flush_cuda
+    host = torch.empty(size, dtype=torch.uint8)
+    counter = [0]
+
+    def flush_cpu() -> None:
+        counter[0] = (counter[0] + 1) & 0xFF  # a new value each time so no layer can skip a no-op write
+        host.fill_(counter[0])
+
+    return flush_cpu
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+
+def _threads() -> frozenset[str]:
+    """Ids of this process's OS threads: sees native threads too, not only `threading` ones."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return frozenset(str(t.native_id) for t in threading.enumerate())
+
+
+def _wait_new_threads(before: frozenset[str], deadline: float) -> bool:
+    """Block until every thread that did not exist in `before` has ended (or the deadline passes), so work a
+    call left running on a thread is charged to whatever clock is running. Python threads are joined (exact),
+    native ones polled. Returns whether there was anything to wait for."""
+    new = _threads() - before
+    if not new:
+        return False
+    for t in threading.enumerate():
+        if str(t.native_id) in new and t is not threading.current_thread():
+            t.join(max(0.0, deadline - _now_s()))
+    while _threads() & new and _now_s() < deadline:
+        time.sleep(50e-6)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def median_ci(samples: Sequence[float], z: float = _Z95) -> tuple[float, float]:
+    """Distribution-free CI of the median from order statistics: the ranks n/2 -/+ z*sqrt(n)/2 (normal
+    approximation of Binomial(n, 1/2)). Deterministic and O(n log n), so it is cheap enough to evaluate inside
+    the adaptive loop, and makes no assumption about the (skewed, multi-modal) shape of kernel timings."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return (xs[lo], xs[max(lo, hi)])
+
+
+def _rel_half_width(samples: Sequence[float]) -> float:
+    lo, hi = median_ci(samples)
+    med = float(np.median(samples))
+    return (hi - lo) / 2 / med if med > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class TimingSamples:
+    """One model's timing under the protocol. `times_ms`: per-iteration samples (CUDA events on the stream the
+    call was issued on, or `perf_counter` around the call on CPU). `host_ms_per_iter`: median of the per-iteration
+    host clock, which waits for every stream and thread the call started (see `_step`), step overhead removed."""
+
+    times_ms: tuple[float, ...]
+    median_ms: float
+    ci_ms: tuple[float, float]
+    host_ms_per_iter: float
+    overhead_ms: float  # CUDA: host ms a step adds around a no-op call, removed from host samples; CPU: 0
+    n_input_sets: int
+    total_s: float
+    stop_reason: str  # "converged" | "max_iters" | "max_time"
+    clock: str  # "cuda_event" | "perf_counter"
+
+    @property
+    def escaped_ratio(self) -> float:
+        """host / per-iteration median: about 1 for honest work, large when work escapes the timed stream."""
+        return self.host_ms_per_iter / self.median_ms if self.median_ms > 0 else math.inf
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "escaped_ratio": self.escaped_ratio}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TimingSamples":
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"])})
+
+
+def effective_time_ms(samples: TimingSamples) -> float:
+    """The time we report: the median, but never below the host clock, so work that escapes the per-iteration
+    clock (side streams, background threads) is paid for."""
+    return max(samples.median_ms, samples.host_ms_per_iter)
+
+
+def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.02) -> bool:
+    """True when the host clock exceeds the per-iteration median by more than `rel` (relative) AND `abs_ms`.
+
+    Every timed call starts on an idle, flushed device, so its events and the overhead-corrected host clock
+    cover the same work, launch cost included; they differ by what the calibration cannot cancel exactly (a
+    synchronize's latency jitter, a few microseconds). 25 % is far above run-to-run noise of either clock, and
+    the 20 us floor keeps that jitter on microsecond kernels from tripping it (a judgement, not yet calibrated on
+    the H200: the GPU tests in tests/test_timing.py check an honest kernel is not flagged). Either way the
+    reported time already includes the escaped work (`effective_time_ms`); the flag exists so the harness can
+    quarantine the candidate as deceptive."""
+    gap = samples.host_ms_per_iter - samples.median_ms
+    return gap > abs_ms and gap > rel * samples.median_ms
+
+
+def _effective_scale(samples: TimingSamples) -> float:
+    return max(1.0, samples.escaped_ratio) if math.isfinite(samples.escaped_ratio) else 1.0
+
+
+def _bootstrap_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int, chunk: int = 256) -> np.ndarray:
+    """Medians of `n_boot` resamples of `x`, in chunks so 5000 samples never need a 5000 x 2000 matrix."""
+    return np.concatenate([np.median(x[rng.integers(0, len(x), (min(chunk, n_boot - i), len(x)))], axis=1)
+                           for i in range(0, n_boot, chunk)])
+
+
+def speedup_interval(ref: TimingSamples, cand: TimingSamples, n_boot: int = 2000, conf: float = 0.95,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(median, lo, hi) of speedup = ref / cand: point estimate from the effective times, percentile bootstrap
+    over both sample sets (resampled independently: they come from separate processes). Each sample set is
+    scaled by its escape factor first, so the interval is about the same effective times that are reported."""
+    rng = np.random.default_rng(seed)
+    r = np.asarray(ref.times_ms, dtype=np.float64) * _effective_scale(ref)
+    c = np.asarray(cand.times_ms, dtype=np.float64) * _effective_scale(cand)
+    ratios = _bootstrap_medians(r, rng, n_boot) / _bootstrap_medians(c, rng, n_boot)
+    alpha = (1 - conf) / 2
+    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
+    return (effective_time_ms(ref) / effective_time_ms(cand), float(lo), float(hi))
+
+
+# ---------------------------------------------------------------------------------------------- timed loops
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for all work on every stream of a CUDA device; nothing to wait for on CPU."""
+    if _is_cuda(device):
+        _cuda_sync(torch.device(device))
+
+
+def _noop(*_: Any) -> None:
+    return None
+
+
+def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device, flush: Callable[[], None],
+          deadline: float) -> tuple[float, float]:
+    """One timed iteration; returns (per-call ms, host ms).
+
+    CUDA: flush, synchronize (the call starts on an idle, flushed device, so its events include its own launch
+    cost, as the host clock does), events around the call on the stream current before it, wait for threads
+    the call started, then a device-wide synchronize, which waits for every stream: the host clock runs from
+    just before the start event to that synchronize's return. CPU: `perf_counter` around the call; the host
+    clock runs on until every thread the call started has ended."""
+    flush()
+    before = _threads()
+    if device.type == "cuda":
+        _cuda_sync(device)
+        stream = torch.cuda.current_stream(device)
+        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+        t0 = _now_ns()
+        start.record(stream)
+        call(*inputs)
+        end.record(stream)  # on `stream`, whatever stream the call made current
+        _wait_new_threads(before, deadline)  # a thread may still queue GPU work: wait for it before the sync
+        _cuda_sync(device)
+        t2 = _now_ns()
+        return start.elapsed_time(end), (t2 - t0) / 1e6
+    t0 = _now_ns()
+    call(*inputs)
+    t1 = _now_ns()
+    t2 = _now_ns() if _wait_new_threads(before, deadline) else t1
+    return (t1 - t0) / 1e6, (t2 - t0) / 1e6
+
+
+def _overhead_ms(device: torch.device, flush: Callable[[], None], reps: int = 21) -> float:
+    """Median host ms the CUDA step itself adds around a no-op call (event records, thread check, synchronize
+    latency); subtracted from each host sample so the host clock measures the call alone. 0 on CPU, whose host
+    window holds nothing but the call and any wait for its threads."""
+    if device.type != "cuda":
+        return 0.0
+    deadline = _now_s() + 60.0
+    return float(np.median([_step(_noop, (), device, flush, deadline)[1] for _ in range(reps)]))
+
+
+def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
+               device: str | torch.device, flush: Callable[[], None]) -> TimingSamples:
+    """Time `call(*input_sets[i % n])` under the protocol (call it under `torch.no_grad()` and the timing lock).
+
+    Warm-up calls (each after a flush) rotate the input sets; then each iteration (`_step`) flushes, times one
+    call on the next set with the per-call clock and the host clock, and leaves the device and the process
+    quiescent (all streams synchronized, all threads the call started ended) before the next. The host samples
+    are corrected by the step's own overhead, measured with a no-op call. Stops when min_iters and min_time_s
+    are both reached and the median's relative CI half-width is <= target_rel_ci, or at max_iters / max_time_s.
+    """
+    if not input_sets:
+        raise ValueError("time_calls needs at least one input set")
+    dev = torch.device(device)
+    n_sets = len(input_sets)
+    for i in range(plan.warmup):
+        flush()  # warms the flush too: a thread pool its first parallel fill creates must predate timing
+        call(*input_sets[i % n_sets])
+    synchronize(dev)
+    overhead_ms = _overhead_ms(dev, flush)
+
+    times: list[float] = []
+    host: list[float] = []
+    stop_reason, next_check = "max_iters", max(plan.min_iters, 8)  # fewer than 8 samples bound nothing
+    start_ns = _now_ns()
+    deadline = _now_s() + plan.max_time_s
+    while len(times) < plan.max_iters:
+        t, h = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline)
+        times.append(t)
+        host.append(max(0.0, h - overhead_ms))
+        elapsed = (_now_ns() - start_ns) / 1e9
+        if elapsed >= plan.max_time_s:
+            stop_reason = "max_time"
+            break
+        # the CI check sorts all samples, so it runs on a geometric schedule: amortised cost stays ~constant
+        if len(times) >= next_check and elapsed >= plan.min_time_s:
+            if _rel_half_width(times) <= plan.target_rel_ci:
+                stop_reason = "converged"
+                break
+            next_check = max(len(times) + 8, int(len(times) * 1.1))
+    return TimingSamples(times_ms=tuple(times), median_ms=float(np.median(times)), ci_ms=median_ci(times),
+                         host_ms_per_iter=float(np.median(host)), overhead_ms=overhead_ms, n_input_sets=n_sets,
+                         total_s=(_now_ns() - start_ns) / 1e9, stop_reason=stop_reason,
+                         clock="cuda_event" if dev.type == "cuda" else "perf_counter")
+
+
+def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
+                         device: str | torch.device = "cuda") -> float:
+    """KernelBench's protocol, for comparison only: mean of `trials` per-call times on one fixed input set, no
+    flush, CUDA events on the default stream with a synchronize after each (CPU: `perf_counter`)."""
+    for _ in range(warmup):
+        call(*inputs)
+    synchronize(device)
+    times = []
+    for _ in range(trials):
+        if _is_cuda(device):
+            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+            start.record()
+            call(*inputs)
+            end.record()
+            _cuda_sync(torch.device(device))
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = _now_ns()
+            call(*inputs)
+            times.append((_now_ns() - t0) / 1e6)
+    return float(np.mean(times))
+
+
+# ---------------------------------------------------------------------------------------------- speed of light
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Measured hardware ceilings of one device: memory bandwidth (read + write bytes per second) and peak
+    matmul FLOP/s for one dtype."""
+
+    bandwidth_bytes_s: float
+    peak_flops: float
+    dtype: str
+
+
+def min_bytes_moved(inputs: Any, outputs: Any, params: Iterable[torch.Tensor] = ()) -> int:
+    """A lower bound on DRAM traffic: every input (and parameter) read once, every output written once."""
+    return tensor_bytes(inputs) + tensor_bytes(outputs) + tensor_bytes(list(params))
+
+
+def count_flops(model: Callable[..., Any], inputs: Sequence[Any]) -> int:
+    """FLOPs of one forward as counted by `FlopCounterMode` (matmul/conv family; 2*M*N*K for a matmul), 0 when
+    unknown. Call it on the task's reference `Model`, never on candidate code: the bound belongs to the task."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            model(*inputs)
+        return int(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - an op the counter cannot trace means "unknown", not a failure
+        return 0
+
+
+def speed_of_light_ms(bytes_moved: float, flops: float, bandwidth_bytes_s: float, peak_flops: float) -> float:
+    """Roofline lower bound on one call: the slower of moving the minimum bytes at full bandwidth and doing the
+    FLOPs at peak (each resource alone is a valid bound, so the larger one is the tighter). 0 when unknown."""
+    mem = bytes_moved / bandwidth_bytes_s if bandwidth_bytes_s > 0 else 0.0
+    comp = flops / peak_flops if peak_flops > 0 else 0.0
+    return max(mem, comp) * 1e3
+
+
+def faster_than_light(time_ms: float, sol_ms: float, slack: float = 0.9) -> bool:
+    """True when a measured time beats the speed-of-light bound by more than the slack allows (timing or
+    correctness was gamed, or the bound's inputs are wrong): such a result is quarantined, never rewarded."""
+    return sol_ms > 0 and time_ms < slack * sol_ms
+
+
+def measure_ceilings(device: str | torch.device, dtype: torch.dtype = torch.float32, reps: int = 5) -> Ceilings:
+    """Best-of-`reps` bandwidth of a large device-to-device copy (bytes read + written) and FLOP/s of a large
+    square matmul in `dtype`. CUDA: 1 GiB copy, 8192^3 matmul, events; CPU: 64 MiB copy, 512^3 matmul,
+    perf_counter. Measure once per (device, torch version) and cache: it takes seconds on a GPU."""
+    cuda = _is_cuda(device)
+    copy_bytes, n = ((1 << 30), 8192) if cuda else ((64 * _MiB), 512)
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+
+    def best_ms(fn: Callable[[], Any]) -> float:
+        fn()
+        synchronize(device)
+        best = math.inf
+        for _ in range(reps):
+            if cuda:
+                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                _cuda_sync(torch.device(device))
+                best = min(best, start.elapsed_time(end))
+            else:
+                t0 = _now_ns()
+                fn()
+                best = min(best, (_now_ns() - t0) / 1e6)
+        return best
+
+    copy_ms = best_ms(lambda: dst.copy_(src))
+    mm_ms = best_ms(lambda: torch.mm(a, b))
+    return Ceilings(bandwidth_bytes_s=2 * copy_bytes / (copy_ms / 1e3), peak_flops=2 * n**3 / (mm_ms / 1e3),
+                    dtype=str(dtype).removeprefix("torch."))

@@ -1,0 +1,252 @@
+"""The timing protocol's building blocks (harness/timing.py): adaptive stopping, input rotation, escape detection,
+bootstrap intervals, speed-of-light arithmetic. CPU tests are fast; the CUDA paths are marked gpu."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from dice_kernels.harness import timing as T
+
+SMALL_CACHE = 1 << 16  # a 128 KiB flush keeps CPU tests fast; the flush size itself is tested separately
+
+
+def _flush():
+    return T.make_flush("cpu", l2_bytes=SMALL_CACHE)
+
+
+def _samples(times, host=None) -> T.TimingSamples:
+    med = float(np.median(times))
+    return T.TimingSamples(times_ms=tuple(times), median_ms=med, ci_ms=T.median_ci(times),
+                           host_ms_per_iter=med if host is None else host, overhead_ms=0.0, n_input_sets=1,
+                           total_s=0.0, stop_reason="max_iters", clock="perf_counter")
+
+
+# ---------------------------------------------------------------------------------------------- adaptive stopping
+
+
+def test_stops_exactly_at_max_iters_when_never_converged():
+    plan = T.TimingPlan(warmup=2, min_iters=5, max_iters=30, min_time_s=0.0, max_time_s=30.0, target_rel_ci=0.0)
+    s = T.time_calls(lambda x: x + 1, [[torch.ones(4)]], plan, "cpu", _flush())
+    assert len(s.times_ms) == 30 and s.stop_reason == "max_iters"
+
+
+def test_stops_at_max_time():
+    plan = T.TimingPlan(warmup=0, min_iters=1, max_iters=10_000, min_time_s=0.0, max_time_s=0.1, target_rel_ci=0.0)
+    s = T.time_calls(lambda: time.sleep(0.005), [[]], plan, "cpu", _flush())
+    assert s.stop_reason == "max_time"
+    assert 0.1 <= s.total_s < 0.5
+    assert len(s.times_ms) <= 21  # 5 ms each: no more than the time allows
+
+
+def test_respects_min_iters_and_min_time_before_converging():
+    # target_rel_ci=10 is met from the start, so only the minimums can hold the loop
+    plan = T.TimingPlan(warmup=0, min_iters=50, max_iters=10_000, min_time_s=0.2, max_time_s=5.0, target_rel_ci=10.0)
+    s = T.time_calls(lambda x: x * 2, [[torch.ones(4)]], plan, "cpu", _flush())
+    assert s.stop_reason == "converged"
+    assert len(s.times_ms) >= 50 and s.total_s >= 0.2
+
+
+def test_converges_well_before_max_for_a_steady_call():
+    plan = T.TimingPlan(warmup=1, min_iters=16, max_iters=5000, min_time_s=0.0, max_time_s=5.0, target_rel_ci=0.5)
+    s = T.time_calls(lambda: time.sleep(0.001), [[]], plan, "cpu", _flush())
+    assert s.stop_reason == "converged" and len(s.times_ms) < 5000
+    lo, hi = s.ci_ms
+    assert lo <= s.median_ms <= hi and (hi - lo) / 2 / s.median_ms <= 0.5
+
+
+# ---------------------------------------------------------------------------------------------- rotation
+
+
+def test_rotation_uses_every_input_set_evenly_and_never_twice_in_a_row():
+    sets = [[torch.full((4,), float(k))] for k in range(4)]
+    seen: list[int] = []
+    plan = T.TimingPlan(warmup=3, min_iters=40, max_iters=40, min_time_s=0.0, target_rel_ci=0.0)
+    T.time_calls(lambda x: seen.append(int(x[0])), sets, plan, "cpu", _flush())
+    timed = seen[3:]
+    assert len(timed) == 40 and Counter(timed) == {0: 10, 1: 10, 2: 10, 3: 10}
+    assert all(a != b for a, b in zip(timed, timed[1:]))
+
+
+def test_number_of_input_sets_grows_with_cache_and_covers_twice_l2():
+    set_bytes = 3 << 20
+    counts = [T.n_input_sets(set_bytes, l2 << 20) for l2 in (1, 8, 32, 60)]
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+    for l2, n in zip((1, 8, 32, 60), counts):
+        assert n >= 2 and n * set_bytes > 2 * (l2 << 20)
+    # capped by the memory budget and by max_input_sets, never below one set
+    assert T.n_input_sets(1 << 30, 60 << 20, T.TimingPlan(input_memory_budget=3 << 30)) == 2
+    assert T.n_input_sets(8 << 30, 60 << 20, T.TimingPlan(input_memory_budget=4 << 30)) == 1
+    assert T.n_input_sets(1, 60 << 20) == T.TimingPlan().max_input_sets
+
+
+def test_tensor_bytes_and_min_bytes_moved_count_nested_tensors_once():
+    x, y = torch.zeros(10, dtype=torch.float32), torch.zeros(3, dtype=torch.float16)
+    assert T.tensor_bytes([x, (y, 5), {"a": x}]) == 40 + 6 + 40
+    assert T.min_bytes_moved([x, 2.0], y, params=[torch.zeros(2, dtype=torch.float64)]) == 40 + 6 + 16
+
+
+# ---------------------------------------------------------------------------------------------- escape (CPU)
+
+
+def _background_worker(seconds: float):
+    """A 'kernel' that returns at once and finishes its output on a thread `seconds` later."""
+
+    def call(x):
+        out = torch.empty_like(x)
+
+        def work():
+            time.sleep(seconds)
+            out.copy_(x * 2)
+
+        threading.Thread(target=work).start()
+        return out
+
+    return call
+
+
+def test_background_thread_work_is_charged_and_flagged():
+    work_s = 0.02
+    plan = T.TimingPlan(warmup=2, min_iters=10, max_iters=10, min_time_s=0.0, max_time_s=10.0, target_rel_ci=0.0)
+    s = T.time_calls(_background_worker(work_s), [[torch.ones(8)], [torch.zeros(8)]], plan, "cpu", _flush())
+    assert s.median_ms < 5  # the per-call clock only sees the thread start
+    assert T.effective_time_ms(s) >= work_s * 1e3
+    assert T.stream_escape(s)
+    # the comparison protocol is fooled: its mean is far below the work done
+    assert T.kernelbench_style_ms(_background_worker(work_s), [torch.ones(8)], trials=10, device="cpu") < 5
+    time.sleep(3 * work_s)  # let the comparison's threads finish before other tests count threads
+
+
+def test_honest_call_of_the_same_duration_is_not_flagged():
+    plan = T.TimingPlan(warmup=1, min_iters=10, max_iters=10, min_time_s=0.0, target_rel_ci=0.0)
+    s = T.time_calls(lambda: time.sleep(0.02), [[]], plan, "cpu", _flush())
+    assert not T.stream_escape(s) and s.escaped_ratio == pytest.approx(1.0)
+    assert T.effective_time_ms(s) == pytest.approx(s.median_ms)
+
+
+def test_escape_thresholds_need_both_relative_and_absolute_gaps():
+    assert not T.stream_escape(_samples([0.004] * 5, host=0.012))  # 3x but 8 us: launch overhead, not escape
+    assert not T.stream_escape(_samples([10.0] * 5, host=11.0))  # 1 ms but 10 %: noise
+    assert T.stream_escape(_samples([0.1] * 5, host=1.0))
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def test_bootstrap_interval_contains_true_ratio_and_narrows_with_more_samples():
+    rng = np.random.default_rng(1)
+    widths = []
+    for n in (30, 600):
+        ref = 2.0 * np.exp(rng.normal(0, 0.05, n))
+        cand = 1.0 * np.exp(rng.normal(0, 0.05, n))
+        med, lo, hi = T.speedup_interval(_samples(ref), _samples(cand))
+        assert lo <= 2.0 <= hi and lo <= med <= hi
+        widths.append(hi - lo)
+    assert widths[1] < widths[0] / 2
+    # deterministic: fixed seed
+    assert T.speedup_interval(_samples(ref), _samples(cand)) == T.speedup_interval(_samples(ref), _samples(cand))
+
+
+def test_speedup_uses_host_time_when_work_escapes():
+    ref = _samples([1.0] * 50)
+    escaped = _samples([0.01] * 50, host=1.0)  # events say 100x, the host clock says 1x
+    med, lo, hi = T.speedup_interval(ref, escaped)
+    assert med == pytest.approx(1.0) and hi <= 1.0 + 1e-9
+
+
+def test_median_ci_is_an_order_statistic_interval_covering_the_median():
+    xs = list(np.random.default_rng(0).exponential(1.0, 2001))
+    lo, hi = T.median_ci(xs)
+    assert lo < np.median(xs) < hi and lo < np.log(2) < hi  # true median of Exp(1) is ln 2
+    assert T.median_ci([3.0]) == (3.0, 3.0)
+
+
+def test_samples_round_trip_through_json_dict():
+    s = _samples([1.0, 2.0, 3.0], host=2.5)
+    d = s.to_dict()
+    assert d["escaped_ratio"] == pytest.approx(1.25)
+    assert T.TimingSamples.from_dict(d) == s
+
+
+# ---------------------------------------------------------------------------------------------- speed of light
+
+
+def test_speed_of_light_takes_the_binding_resource():
+    # 1 GB at 1 TB/s = 1 ms; 1 TFLOP at 100 TFLOP/s = 10 ms -> compute bound
+    assert T.speed_of_light_ms(1e9, 1e12, 1e12, 1e14) == pytest.approx(10.0)
+    assert T.speed_of_light_ms(1e9, 0, 1e12, 1e14) == pytest.approx(1.0)
+    assert T.speed_of_light_ms(1e9, 1e12, 0, 0) == 0.0
+
+
+def test_faster_than_light():
+    assert T.faster_than_light(0.5, 1.0)
+    assert not T.faster_than_light(0.95, 1.0)
+    assert T.faster_than_light(0.95, 1.0, slack=1.0)
+    assert not T.faster_than_light(0.001, 0.0)  # unknown bound never quarantines
+
+
+def test_flop_counter_gives_2mnk_for_matmul_and_zero_when_unknown():
+    m, k, n = 8, 16, 32
+    assert T.count_flops(torch.matmul, [torch.randn(m, k), torch.randn(k, n)]) == 2 * m * n * k
+    assert T.count_flops(torch.nn.Linear(k, n, bias=False), [torch.randn(m, k)]) == 2 * m * n * k
+
+    def broken(x):
+        raise RuntimeError("no")
+
+    assert T.count_flops(broken, [torch.randn(2)]) == 0
+
+
+def test_cpu_ceilings_and_cache_are_plausible():
+    c = T.measure_ceilings("cpu", reps=2)
+    assert 1e8 < c.bandwidth_bytes_s < 1e13 and 1e7 < c.peak_flops < 1e14
+    assert T.l2_size_bytes("cpu") >= 1 << 16
+    if not torch.cuda.is_available():
+        assert T.reset_persisting_l2() is False  # a no-op, never an exception
+
+
+# ---------------------------------------------------------------------------------------------- CUDA paths
+
+
+def _side_stream_matmul(a, b):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        return a @ b
+
+
+@pytest.mark.gpu
+def test_cuda_side_stream_work_is_flagged_and_charged():
+    dev = "cuda"
+    sets = [[torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)] for _ in range(2)]
+    plan = T.TimingPlan(min_iters=20, max_iters=60, min_time_s=0.0, max_time_s=5.0)
+    flush = T.make_flush(dev)
+    with torch.no_grad():
+        honest = T.time_calls(torch.matmul, sets, plan, dev, flush)
+        sneaky = T.time_calls(_side_stream_matmul, sets, plan, dev, flush)
+        kb = T.kernelbench_style_ms(_side_stream_matmul, sets[0], device=dev)
+    assert T.stream_escape(sneaky) and not T.stream_escape(honest)
+    assert T.effective_time_ms(sneaky) >= 0.8 * T.effective_time_ms(honest)
+    assert kb < 0.2 * honest.median_ms  # the comparison protocol is fooled
+
+
+@pytest.mark.gpu
+def test_cuda_events_and_host_clock_agree_for_an_honest_kernel():
+    dev = "cuda"
+    sets = [[torch.randn(1 << 24, device=dev)] for _ in range(T.n_input_sets(1 << 26, T.l2_size_bytes(dev)))]
+    with torch.no_grad():
+        s = T.time_calls(torch.relu, sets, T.TimingPlan(), dev, T.make_flush(dev))
+    assert not T.stream_escape(s)
+    assert 0.75 < s.escaped_ratio < 1.25
+    assert s.clock == "cuda_event" and s.ci_ms[0] <= s.median_ms <= s.ci_ms[1]
+
+
+@pytest.mark.gpu
+def test_cuda_ceilings_and_l2():
+    c = T.measure_ceilings("cuda", reps=3)
+    assert c.bandwidth_bytes_s > 1e11 and c.peak_flops > 1e12
+    assert T.l2_size_bytes("cuda") > 1 << 20
