@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -82,3 +83,19 @@ def test_kill_then_resume_loses_nothing_and_redoes_nothing(tmp_path, build_cache
     for cid, row in before.items():  # finished results were neither lost nor evaluated again
         assert after[cid] == row
     assert (out / "report.md").exists() and (out / "results.jsonl").read_text().count("\n") == len(sols)
+
+
+@pytest.mark.slow
+def test_robust_switch_decides_whether_a_pytorch_rewrite_counts(tmp_path, build_cache):
+    sol = tmp_path / "19_ReLU_torch.py"
+    sol.write_text(SLOW_OK.format(delay=0, i=0))
+    env = {**os.environ, "DICE_CACHE_DIR": str(build_cache)}
+    outcomes = {}
+    for flag in ("--robust", "--no-robust"):
+        out = tmp_path / flag.strip("-")
+        r = dice("eval", "--task", str(TASK), str(sol), "--out", str(out), "--backend", "cpu", "--trials", "1",
+                 "--no-timing", "--no-progress", flag, env=env)
+        assert r.returncode == 0, r.stderr
+        row = json.loads((out / "results.jsonl").read_text())
+        outcomes[flag] = (row["outcome"], row["deceptive_kind"])
+    assert outcomes == {"--robust": ("deceptive", "pytorch_fallback"), "--no-robust": ("correct", "")}
