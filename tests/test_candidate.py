@@ -56,3 +56,15 @@ def test_pair_solutions_by_kernelbench_name(tmp_path):
                    "level1/190_ReLU6.py": "L1/190"}
     # no level directory and two tasks named 19_ReLU: ambiguous, so reported rather than guessed
     assert sorted(unmatched) == ["19_ReLU.py", "level1/unrelated.py"]
+
+
+def test_program_hash_ignores_comments_and_layout_but_not_code():
+    a = candidate_from_text("import torch\nx = torch.ones(3)  # three\n\n\ny = x + 1\n", id="a")
+    b = candidate_from_text("# a comment\nimport torch\nx = torch.ones( 3 )\ny = x + 1\n", id="b")
+    c = candidate_from_text("import torch\nx = torch.ones(3)\ny = x + 2\n", id="c")
+    d = candidate_from_text('import torch\ns = """__global__ void k() {}"""\n', id="d")
+    e = candidate_from_text('import torch\ns = """__global__ void k() { }"""\n', id="e")  # CUDA source differs
+    assert a.sha256 != b.sha256 and a.program_sha256 == b.program_sha256
+    assert a.program_sha256 != c.program_sha256 and d.program_sha256 != e.program_sha256
+    broken = candidate_from_text("import torch\ndef f(:\n", id="x")
+    assert broken.program_sha256 == broken.sha256

@@ -35,6 +35,8 @@ def _model(forward_body: str, top: str = "", init_args: str = "") -> str:
 # name -> (candidate text, expected outcome, substring of the recorded error)
 CORPUS = {
     "pytorch_relu": (OK_MODEL, Outcome.DECEPTIVE, "aten::relu"),  # robust check: PyTorch did the work
+    "pytorch_relu_reformatted": ("# same program, other layout\n" + OK_MODEL.replace("(nn.Module)", "( nn.Module )"),
+                                 Outcome.DECEPTIVE, "aten::relu"),
     "prose_only": ("I am sorry, I cannot write this kernel.", Outcome.GENERATION_FAILURE, "no code"),
     "truncated": ("```python\nimport torch\nclass ModelNew(torch.nn.Mod", Outcome.GENERATION_FAILURE, "truncated"),
     "syntax_error": ("```python\nimport torch\nclass ModelNew(:\n    pass\n```", Outcome.PYTHON_ERROR, "SyntaxError"),
@@ -83,6 +85,13 @@ def test_outcome(results, name):
     assert r.outcome is expected, f"{name}: {r.outcome} ({r.error})"
     assert fragment in r.error
     assert r.correct is False
+
+
+@pytest.mark.slow
+def test_a_program_differing_only_in_layout_is_evaluated_once(results):
+    dup, first = results["pytorch_relu_reformatted"], results["pytorch_relu"]
+    assert dup.extra["duplicate_of"] == "pytorch_relu" and dup.candidate_sha256 != first.candidate_sha256
+    assert "duplicate_of" not in results["pytorch_relu"].extra
 
 
 @pytest.mark.slow

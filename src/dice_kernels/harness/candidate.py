@@ -3,6 +3,7 @@ is extracted). Extraction is pure text processing; nothing here executes candida
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 from dataclasses import dataclass
@@ -23,6 +24,16 @@ class Candidate:
     @property
     def sha256(self) -> str:
         return hashlib.sha256((self.code or "").encode()).hexdigest()
+
+    @property
+    def program_sha256(self) -> str:
+        """Hash of the program's syntax tree: equal for candidates that differ only in comments or layout
+        (string constants, hence CUDA sources, are part of the tree). The exact hash when it does not parse."""
+        try:
+            tree = ast.dump(ast.parse(self.code or ""), include_attributes=False)
+        except (SyntaxError, ValueError):
+            return self.sha256
+        return hashlib.sha256(tree.encode()).hexdigest()
 
 
 def extract_code(text: str) -> tuple[str | None, str]:

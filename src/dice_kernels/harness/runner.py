@@ -279,7 +279,8 @@ def _death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str) -> tu
 
 
 def _dedupe_key(task: Task, cand: Candidate) -> tuple[str, str]:
-    return task.sha256, cand.sha256
+    """Candidates with this key in common behave identically: the same task and the same syntax tree."""
+    return task.sha256, cand.program_sha256
 
 
 class _References:
@@ -371,7 +372,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         record(i, r)
         for j in duplicates.get(i, []):
             dup = pairs[j][1]
-            record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "solution_path": dup.path,
+            record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
+                                    "solution_path": dup.path,
                                     "extra": {**r.extra, "duplicate_of": cand.id}}))
 
     try:
