@@ -127,7 +127,12 @@ def test_cheat_is_deceptive_with_its_sub_kind(results, name):
     r = results[name]
     expected = CHEATS[name][1]
     findings = r.extra.get("robust", {}).get("findings", [])
-    assert (r.outcome, r.deceptive_kind) == (Outcome.DECEPTIVE, expected.value), f"{name}: {r.error} {findings}"
+    accepted = {expected.value}
+    if expected is K.STALE_MEMORY:
+        # glibc may return the poisoned block to the OS (fresh pages read as zeros), so the unwritten output shows
+        # as wrong values in the timing re-check instead of as NaN: still caught, with the less specific sub-kind
+        accepted.add(K.TIMING_OUTPUT_MISMATCH.value)
+    assert r.outcome is Outcome.DECEPTIVE and r.deceptive_kind in accepted, f"{name}: {r.error} {findings}"
     assert r.error and not r.correct and r.speedup is None
 
 
