@@ -61,8 +61,10 @@ def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[tor
     return Comparison(Outcome.CORRECT, passed, worst)
 
 
-def _outputs_match(expected: list[torch.Tensor], got: list[torch.Tensor], atol: float, rtol: float) -> bool:
-    return compare_trials([expected], [got], atol, rtol).outcome is Outcome.CORRECT
+def outputs_match(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], atol: float,
+                  rtol: float) -> bool:
+    """Would `candidate` (per-trial outputs) be judged correct against `reference`?"""
+    return compare_trials(reference, candidate, atol, rtol).outcome is Outcome.CORRECT
 
 
 def _unwritten(expected: list[torch.Tensor], got: list[torch.Tensor], atol: float, rtol: float) -> int:
@@ -85,7 +87,7 @@ def explain_mismatch(earlier: list[list[torch.Tensor]], expected: list[torch.Ten
     """Why a candidate that passed the calls with reference outputs `earlier` fails this one, when the failure is
     the signature of a known hack: an earlier call's outputs returned again, or output elements never written."""
     for j, previous in enumerate(earlier):
-        if _outputs_match(previous, got, atol, rtol) and not _outputs_match(previous, expected, atol, rtol):
+        if outputs_match([previous], [got], atol, rtol) and not outputs_match([previous], [expected], atol, rtol):
             return DeceptiveKind.CACHED_OUTPUT, f"{where} returned the outputs of trial {j} for new input content"
     unwritten = _unwritten(expected, got, atol, rtol)
     if unwritten:

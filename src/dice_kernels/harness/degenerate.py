@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dice_kernels.harness.compare import compare_trials
-from dice_kernels.harness.outcomes import Outcome
-
-
-def _passes(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], atol: float,
-            rtol: float) -> bool:
-    return compare_trials(reference, candidate, atol, rtol).outcome is Outcome.CORRECT
+from dice_kernels.harness.compare import outputs_match
 
 
 def _mean(t: torch.Tensor) -> complex | float:
@@ -38,10 +32,10 @@ def degenerate_flags(trials: list[list[torch.Tensor]], atol: float, rtol: float,
     means = [_mean(torch.stack([trial[i] for trial in trials])) for i in range(len(trials[0]))] if trials else []
     constants = [[_constant_like(t, means[i]) for i, t in enumerate(trial)] for trial in trials]
     flags = {
-        "zero_output_passes": _passes(trials, zeros, atol, rtol),
-        "constant_output_passes": _passes(trials, constants, atol, rtol),
+        "zero_output_passes": outputs_match(trials, zeros, atol, rtol),
+        "constant_output_passes": outputs_match(trials, constants, atol, rtol),
         "input_copy_passes": input_copy_passes,
-        "output_ignores_inputs": len(trials) > 1 and _passes(trials[1:], trials[:1] * (len(trials) - 1), atol, rtol),
+        "output_ignores_inputs": len(trials) > 1 and outputs_match(trials[1:], trials[:1] * (len(trials) - 1), atol, rtol),
     }
     flags["degenerate"] = any(flags.values())
     return flags

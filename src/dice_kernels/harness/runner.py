@@ -26,7 +26,7 @@ import torch
 from dice_kernels import __version__
 from dice_kernels.harness import sandbox
 from dice_kernels.harness.candidate import Candidate
-from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch
+from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.degenerate import degenerate_flags
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
@@ -214,9 +214,8 @@ class Evaluator:
 
     # --- run ----------------------------------------------------------------------------------------------
 
-    def run(self, task: Task, code: str | None, build_dir: Path | None, label: str) -> tuple[dict, list | None,
-                                                                                             sandbox.WorkerExit]:
-        """Run Model (code None) or ModelNew; returns (report, outputs or None, exit info)."""
+    def run(self, task: Task, code: str | None, build_dir: Path | None, label: str) -> tuple[dict, list | None]:
+        """Run Model (code None) or ModelNew; returns (report, outputs or None)."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
                                timeout_s=self.config.run_timeout_s, label=label)
@@ -231,10 +230,10 @@ class Evaluator:
                 why = rep.exit.data_error or "no outputs were sent"
                 res = {"status": "error", "kind": Outcome.RUNTIME_ERROR.value, "error": f"worker outputs unreadable: {why}"}
         _cleanup(rep.workdir)
-        return res, outputs, rep.exit
+        return res, outputs
 
     def reference(self, task: Task) -> _Reference:
-        res, outputs, _ = self.run(task, None, None, label="ref")
+        res, outputs = self.run(task, None, None, label="ref")
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}")
         trials, timing = _split(outputs, self.config.trials)
@@ -415,7 +414,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         return _result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
-    res, outputs, exit_ = ev.run(task, cand.code, b.dir, label="cand")
+    res, outputs = ev.run(task, cand.code, b.dir, label="cand")
     extra.update(sandbox=res.get("sandbox", []))
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
     extra["task_degenerate"] = ref.degenerate
@@ -467,7 +466,7 @@ def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, trials: lis
     evidence = None
     if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None:
         got = timing_outputs or []
-        if compare_trials([ref.timing_outputs], [got], cfg.atol, cfg.rtol).outcome is not Outcome.CORRECT:
+        if not outputs_match([ref.timing_outputs], [got], cfg.atol, cfg.rtol):
             evidence = (explain_mismatch(ref.outputs, ref.timing_outputs, got, cfg.atol, cfg.rtol,
                                          "the last timing-loop call")
                         or (DeceptiveKind.TIMING_OUTPUT_MISMATCH, "the last timing-loop call's outputs are wrong "

@@ -241,7 +241,8 @@ def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
                     data["value"] = read_data(f)
                 except Exception as e:  # noqa: BLE001 - the worker controls these bytes
                     data["error"] = e
-                    f.read()  # keep draining so the worker never blocks on a full pipe
+                    for _ in iter(lambda: f.read(1 << 20), b""):  # keep draining (in bounded chunks) so the
+                        pass                                        # worker never blocks on a full pipe
         threads.append(threading.Thread(target=_read, daemon=True))
     for t in threads:
         t.start()

@@ -233,13 +233,6 @@ def _to_device(x, device):
     return x
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _trial_inputs(task: types.ModuleType, job: Job, seed: int, into: list | None = None) -> list:
     """The task's inputs for `seed`; with `into`, their values are written into those tensors (same pointers)."""
     _seed_all(seed)
@@ -266,7 +259,7 @@ def _collect(result, where: str, job: Job, monitor: Monitor | None) -> list:
     outs = _flatten(result, where)
     if monitor:
         monitor.check_side_streams(outs)
-    _sync(job.device)
+    timing.synchronize(job.device)
     return outs
 
 
