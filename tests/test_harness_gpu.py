@@ -37,3 +37,25 @@ def test_cuda_examples(build_cache, tmp_path, example_pairs):
         assert sos
         listing = subprocess.run([cuobjdump, "--list-elf", str(sos[0])], capture_output=True, text=True).stdout
         assert f"sm_{major}{minor}" in listing, listing
+
+
+def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full_one(tmp_path, example_pairs):
+    """The CUDA unit builds without <torch/extension.h> when it can, and from its own sources when it cannot."""
+    import hashlib
+
+    from dice_kernels.harness import Candidate
+
+    (task, plain), = [p for p in example_pairs("cuda") if p[1].id == "19_ReLU/correct"]
+    # torch::cuda::device_count() is declared by torch/cuda.h, which <torch/extension.h> brings and
+    # <torch/types.h> does not: the light attempt fails to compile, the candidate's own sources succeed
+    code = plain.code.replace("auto xc = x.contiguous();",
+                              "TORCH_CHECK(torch::cuda::device_count() > 0);\n    auto xc = x.contiguous();")
+    code = code.replace('name="example_relu_cuda"', 'name="example_relu_cuda_full_header"')
+    needs_full = Candidate("19_ReLU/needs_full_header", code, raw_sha256=hashlib.sha256(code.encode()).hexdigest())
+    config = EvalConfig(backend="cuda", jobs=2, trials=2, timing=False, cache_dir=tmp_path / "cache")
+    res = {r.candidate_id: r for r in evaluate([(task, plain), (task, needs_full)], config, progress=False)}
+    assert {k: r.outcome for k, r in res.items()} == {"19_ReLU/correct": Outcome.CORRECT,
+                                                     "19_ReLU/needs_full_header": Outcome.CORRECT}
+    assert [s["light_header"] for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == ["used"]
+    assert [s["light_header"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == ["fell back"]
+    assert all(s["pch"] for r in res.values() for s in r.extra["build_shortcuts"])

@@ -47,7 +47,7 @@ def build(
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
     limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
-    no_progress: bool = typer.Option(False, help="No progress bars."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report."""
     from rich.console import Console
@@ -78,7 +78,7 @@ def build(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
         dedupe=DedupeConfig(threshold=near_dup), decontam=DecontamConfig(threshold=overlap),
-        progress=not no_progress, limit=limit)
+        progress=progress, limit=limit)
     console = Console()
     report = run_build(cfg, log=console.log)
     for s in report["stages"]:

@@ -37,6 +37,9 @@ class EvalConfig:
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
     file_limit_mb: int = 4096  # largest file a worker may write
     cache_dir: Path = field(default_factory=default_cache_dir)
+    # build_speed.py: a precompiled torch/extension.h for main.cpp and a lighter header for CUDA sources (with a
+    # retry on the candidate's own sources); neither changes what a candidate's code means
+    fast_build: bool = True
     isolate_network: bool = True
     restrict_writes: bool = True  # Landlock: a worker may write only inside its own directories
     # robust check (docs/robust_check.md): correct candidates caught by an integrity check become `deceptive`

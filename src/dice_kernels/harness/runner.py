@@ -25,6 +25,7 @@ import torch
 
 from dice_kernels import __version__
 from dice_kernels.harness import sandbox
+from dice_kernels.harness.build_speed import prepare_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
@@ -87,6 +88,8 @@ class _Build:
     error: str = ""
     compile_s: float = 0.0
     cache_hit: bool = False
+    shortcuts: list = field(default_factory=list)  # build_speed savings per extension (worker BuildLog)
+    wall_s: float = 0.0  # this run's wall time for the build (near zero on a cache hit)
 
 
 @dataclass
@@ -98,6 +101,7 @@ class _Reference:
     timing_outputs: list | None = None  # the last timing-loop call's outputs (with timing on)
     degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
     output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
+    wall_s: float = 0.0
 
 
 @dataclass
@@ -114,6 +118,7 @@ class Evaluator:
     config: EvalConfig
     platform: Platform
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
+    pch: dict[str, str] = field(default_factory=dict)  # build_speed.prepare_pch, for build workers
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -156,6 +161,8 @@ class Evaluator:
                "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
                "timing_plan": cfg.timing_plan(), "timing_lock": str(self.timing_lock),
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
+               "pch": self.pch if mode == "build" else None,
+               "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
                if cfg.robust and mode == "run" and role == "candidate" else None}
@@ -182,12 +189,25 @@ class Evaluator:
 
     def build(self, code: str) -> _Build:
         """Build (or fetch from the cache) the extensions a candidate compiles at import time."""
+        start = time.monotonic()
+        b = self._build(code)
+        b.wall_s = time.monotonic() - start
+        return b
+
+    def _cache_entry(self, code: str) -> tuple[str, Path]:
         key = hashlib.sha256((self._fingerprint() + "\0" + code).encode()).hexdigest()
-        final = self.config.cache_dir / key[:2] / key
+        return key, self.config.cache_dir / key[:2] / key
+
+    def is_cached(self, code: str) -> bool:
+        return (self._cache_entry(code)[1] / "manifest.json").exists()
+
+    def _build(self, code: str) -> _Build:
+        key, final = self._cache_entry(code)
         manifest = final / "manifest.json"
         if manifest.exists():
             m = json.loads(manifest.read_text())
-            return _Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True)
+            return _Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True,
+                          m.get("shortcuts", []))
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
         rep = self._run_worker(mode="build", role="candidate", task=_NO_TASK, code=code, build_dir=staging,
@@ -200,7 +220,8 @@ class Evaluator:
             return _Build(None, False, kind.value, error)  # not cached: deaths may be transient
         ok = res["status"] == "ok"
         entry = {"ok": ok, "kind": res.get("kind", ""), "error": res.get("error", ""),
-                 "compile_s": res.get("compile_s", 0.0), "built": res.get("built", [])}
+                 "compile_s": res.get("compile_s", 0.0), "built": res.get("built", []),
+                 "shortcuts": res.get("build_shortcuts", [])}
         _cleanup(rep.workdir)
         if ok or entry["kind"] == Outcome.COMPILE_ERROR.value:  # deterministic results are cached
             (staging / "manifest.json").write_text(json.dumps(entry))
@@ -208,9 +229,9 @@ class Evaluator:
                 os.replace(staging, final)
             except OSError:  # another process finished the same build first
                 shutil.rmtree(staging, ignore_errors=True)
-            return _Build(final, ok, entry["kind"], entry["error"], entry["compile_s"])
+            return _Build(final, ok, entry["kind"], entry["error"], entry["compile_s"], shortcuts=entry["shortcuts"])
         shutil.rmtree(staging, ignore_errors=True)
-        return _Build(None, ok, entry["kind"], entry["error"], entry["compile_s"])
+        return _Build(None, ok, entry["kind"], entry["error"], entry["compile_s"], shortcuts=entry["shortcuts"])
 
     # --- run ----------------------------------------------------------------------------------------------
 
@@ -233,14 +254,16 @@ class Evaluator:
         return res, outputs
 
     def reference(self, task: Task) -> _Reference:
+        start = time.monotonic()
         res, outputs = self.run(task, None, None, label="ref")
         if outputs is None:
-            return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}")
+            return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
+                              wall_s=time.monotonic() - start)
         trials, timing = _split(outputs, self.config.trials)
         cfg = self.config
         return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing,
                           degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
-                          output_findings=frozenset(res.get("output_findings", [])))
+                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start)
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -291,11 +314,13 @@ class _References:
         self._locks: dict[str, threading.Lock] = {t: threading.Lock() for t in users}
         self._guard = threading.Lock()
 
-    def get(self, task: Task) -> _Reference:
+    def get(self, task: Task) -> tuple[_Reference, bool]:
+        """The task's reference, and whether this call computed it (its time is charged to one candidate)."""
         with self._locks[task.id]:
-            if task.id not in self._refs:
+            computed = task.id not in self._refs
+            if computed:
                 self._refs[task.id] = self._ev.reference(task)
-            return self._refs[task.id]
+            return self._refs[task.id], computed
 
     def release(self, task: Task) -> None:
         with self._guard:
@@ -355,14 +380,19 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     for i in todo:
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
     refs = _References(ev, users)
+    if config.fast_build and any(not ev.is_cached(pairs[i][1].code) for i in todo):
+        ev.pch = prepare_pch(config.cache_dir, with_cuda=backend == "cuda")  # once per machine and torch
 
     def process(i: int, build: Future) -> None:
         task, cand = pairs[i]
         start = time.monotonic()
         try:
             b = build.result()
-            ref = refs.get(task) if b.ok else None
+            ref, computed = refs.get(task) if b.ok else (None, False)
             r = _evaluate_one(ev, task, cand, b, ref, base)
+            r.extra["phase_s"] = {"build": round(b.wall_s, 3),
+                                  "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
+                                  **r.extra.get("phase_s", {})}
         except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
             r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
         finally:
@@ -401,7 +431,7 @@ def _result(task: Task, cand: Candidate, outcome: Outcome, **kw) -> EvalResult:
 def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _Reference | None,
                   base: dict) -> EvalResult:
     cfg = ev.config
-    extra = {"build_cache_hit": b.cache_hit}
+    extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts}
     if not b.ok:
         return _result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
                        compile_s=b.compile_s, extra=extra, **base)
@@ -414,8 +444,11 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         return _result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
+    start = time.monotonic()
     res, outputs = ev.run(task, cand.code, b.dir, label="cand")
-    extra.update(sandbox=res.get("sandbox", []))
+    ran = time.monotonic()
+    phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
+    extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
     extra["task_degenerate"] = ref.degenerate
     if outputs is None:
@@ -440,6 +473,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         extra["timing"] = {"ref": _timing_summary(ref_t), "cand": _timing_summary(cand_t)}
         if stream_escape(cand_t):  # charged at the host clock already; flagged so nobody trusts its events
             extra["timing_flags"] = ["work_escaped_default_stream"]
+    phase_s["compare"] = round(time.monotonic() - ran, 3)
     return _result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                    ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
                    correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,

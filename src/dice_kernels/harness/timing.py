@@ -37,6 +37,11 @@ _cuda_sync = torch.cuda.synchronize
 _CudaEvent = torch.cuda.Event
 
 
+def host_seconds() -> float:
+    """The host clock bound at import (immune to later patching), for bookkeeping outside timed regions."""
+    return _now_s()
+
+
 # ---------------------------------------------------------------------------------------------- plan and inputs
 
 

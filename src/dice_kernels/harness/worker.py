@@ -61,6 +61,8 @@ class Job:
     robust: dict | None = None  # candidate role: {"allowed_ops": [...], "min_extension_gpu_share": float}
     atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
     rtol: float = 0.0
+    pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
+    light_headers: bool = False  # build mode: try CUDA sources without <torch/extension.h> first
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -82,6 +84,7 @@ class BuildLog:
     built: list[dict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     compile_s: float = 0.0
+    shortcuts: list[dict] = field(default_factory=list)  # per build: which build_speed savings applied
 
 
 def _safe_name(name: str) -> str:
@@ -117,20 +120,26 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
                                                          is_python_module)
                 return monitor.wrap_extension(module, name) if monitor else module
             root = Path(job.build_dir) if job.mode == "build" else Path(job.workdir) / "late_builds"
-            out = root / f"{name}_{counts[name]}"
-            out.mkdir(parents=True, exist_ok=True)
-            bound.arguments["build_directory"] = str(out)
             bound.arguments["verbose"] = False
+            attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
             start = time.monotonic()
             try:
-                module = original(*bound.args, **bound.kwargs)
+                for n, (arguments, directory) in enumerate(attempts, 1):
+                    directory.mkdir(parents=True, exist_ok=True)
+                    try:
+                        module = original(**{**arguments, "build_directory": str(directory)})
+                        break
+                    except Exception:  # noqa: BLE001 - the light attempt failed: the candidate's own sources decide
+                        if n == len(attempts):
+                            raise
+                        log.shortcuts[-1]["light_header"] = "fell back"
             except BaseException as e:  # noqa: BLE001 - recorded, then re-raised to the candidate
                 log.failures.append(_excerpt(str(e)))
                 raise
             finally:
                 log.compile_s += time.monotonic() - start
             module_name = module.__name__ if isinstance(module, types.ModuleType) else name
-            log.built.append({"key": key, "module": module_name, "dir": str(out.relative_to(root))})
+            log.built.append({"key": key, "module": module_name, "dir": str(directory.relative_to(root))})
             return monitor.wrap_extension(module, name) if monitor else module
 
         patched.__wrapped__ = original
@@ -138,6 +147,23 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
 
     cpp.load_inline = wrap(cpp.load_inline)
     cpp.load = wrap(cpp.load)
+
+
+def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: str) -> list[tuple[dict, Path]]:
+    """The (load_inline arguments, build directory) pairs to try in order; the last is the candidate's own."""
+    if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
+        return [(arguments, out)]
+    from dice_kernels.harness.build_speed import light_cuda_sources, normalize_cflags
+
+    own = dict(arguments)
+    pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
+    if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
+        own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
+    light = light_cuda_sources(own.get("cuda_sources")) if job.light_headers else None
+    log.shortcuts.append({"key": key, "pch": bool(pch_dir), "light_header": "used" if light else "n/a"})
+    if light is None:
+        return [(own, out)]
+    return [({**own, "cuda_sources": light}, out), (own, out.with_name(out.name + "_own"))]
 
 
 def _excerpt(text: str) -> str:
@@ -327,12 +353,25 @@ def _nbytes(tensors: list) -> list[int]:
     return [t.numel() * t.element_size() for t in tensors]
 
 
+class _PhaseClock:
+    """Seconds spent per phase of a run, for the report of where evaluation time goes."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = timing.host_seconds()
+
+    def lap(self, name: str) -> None:
+        now = timing.host_seconds()
+        self.laps[name] = round(now - self._last, 4)
+        self._last = now
+
+
 def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
     import torch
 
     from dice_kernels.harness.integrity import tensors_in
 
-    phase = "import"
+    phase, spent = "import", _PhaseClock()
     try:
         task = _load_module("dice_task", job.task_path)
         reference_cls = task.Model
@@ -347,6 +386,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 raise StageError("python_error", "import", "the solution does not define class ModelNew")
         else:
             cls = reference_cls
+        spent.lap("load")
         phase = "init"
         _seed_all(job.seed)
         init_inputs = list(task.get_init_inputs())
@@ -359,6 +399,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
         if monitor:
             monitor.check_model(cls, model)
             monitor.check_globals("after __init__")
+        spent.lap("init")
         phase = "forward"
         where = cls.__name__ + ".forward"
         outputs, findings, inputs, copy_passes = [], [], None, True
@@ -373,6 +414,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                     copy_passes = copy_passes and _input_copy_passes(inputs, outs, job)
             if monitor:
                 monitor.check_globals("after forward")
+            spent.lap("trials")
             timing = {}
             if job.timing:
                 phase = "timing"
@@ -381,11 +423,14 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 outputs.append(last)
                 if monitor:
                     monitor.check_globals("after timing")
+                spent.lap("timing")
             if monitor and job.device.startswith("cuda") and monitor.ext_calls:
                 monitor.check_gpu_share(model, inputs)
+                spent.lap("gpu_share")
         with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
             write_trials(stream, outputs)
-        report = {"status": "ok", "trials": len(outputs), **timing}
+        spent.lap("send")
+        report = {"status": "ok", "trials": len(outputs), "phase_s": spent.laps, **timing}
         if monitor:
             for f in findings:
                 monitor.add(f.kind, f.reason)
@@ -431,7 +476,7 @@ def main(job_path: str) -> None:
     monitor = _monitor(job)
     _patch_extension_loaders(job, log, monitor)
     result = build(job, log) if job.mode == "build" else run_model(job, log, monitor)
-    result.update(built=log.built, compile_s=log.compile_s, sandbox=notes)
+    result.update(built=log.built, compile_s=log.compile_s, build_shortcuts=log.shortcuts, sandbox=notes)
     # Written last and atomically: a worker that dies earlier leaves no result and the parent says so.
     tmp = Path(job.workdir) / "result.json.tmp"
     tmp.write_text(json.dumps(result))

@@ -1,0 +1,124 @@
+"""Compile-time savings that never change what a candidate's code means.
+
+A `load_inline` build compiles two translation units, each parsing PyTorch's heavy headers:
+- `main.cpp` starts with `#include <torch/extension.h>`: the trusted parent precompiles that header once per
+  (compiler flags, torch) into the build cache (`prepare_pch`); build workers only read it. GCC uses a
+  precompiled header only when it is valid for the compile at hand and otherwise parses the real header, so a
+  mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
+- the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
+  at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
+  which kernels rarely use and which more than double nvcc's time. `light_cuda_sources` drops that include;
+  the build worker compiles the light sources first and, on any failure, the candidate's own sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
+PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
+
+_EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
+_NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
+
+
+def normalize_cflags(flags) -> tuple[str, ...]:
+    """extra_cflags as the compiler sees them: torch strips each flag, and empty ones add nothing."""
+    if flags is None:
+        return ()
+    if isinstance(flags, str):
+        flags = [flags]
+    return tuple(f.strip() for f in flags if str(f).strip())
+
+
+def light_cuda_sources(sources) -> list[str] | None:
+    """`sources` without `#include <torch/extension.h>`, or None when nothing would change or the code
+    visibly needs what only that header declares (Python bindings, the C++ frontend)."""
+    if sources is None:
+        return None
+    texts = [sources] if isinstance(sources, str) else list(sources)
+    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or any(_NEEDS_BINDINGS.search(t) for t in texts):
+        return None
+    return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
+            for t in texts]
+
+
+def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:
+    """(compiler, cflags, post_cflags) torch's ninja file would use for `main.cpp`, from torch itself."""
+    import torch.utils.cpp_extension as cpp
+
+    writer = cpp._write_ninja_file_to_build_library  # internal, but it is the only source of truth for the flags
+    wanted = dict(path=str(scratch / "build.ninja"), name="dice_pch_probe", sources=[str(scratch / "main.cpp")],
+                  extra_cflags=list(cflags), extra_cuda_cflags=[], extra_sycl_cflags=[], extra_ldflags=[],
+                  extra_include_paths=[], with_cuda=with_cuda, with_sycl=False, is_standalone=False)
+    params = inspect.signature(writer).parameters
+    writer(**{k: v for k, v in wanted.items() if k in params})
+    values = {}
+    for line in (scratch / "build.ninja").read_text().splitlines():
+        name, sep, value = line.partition(" = ")
+        if sep and name in ("cxx", "cflags", "post_cflags"):
+            values[name] = value
+    flags = [f for f in shlex.split(values.get("cflags", "")) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    return values.get("cxx", "c++"), flags, shlex.split(values.get("post_cflags", ""))
+
+
+def prepare_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> dict[str, str]:
+    """Precompile torch/extension.h for each flag variant (in parallel); returns {json(cflags): include dir}.
+
+    Cached under `cache_dir/pch/<key>`; a variant that fails to build is left out (builds just get slower).
+    """
+    with ThreadPoolExecutor(max(1, len(variants))) as pool:
+        dirs = list(pool.map(lambda v: _pch_for(cache_dir, with_cuda, v), variants))
+    return {json.dumps(list(v)): d for v, d in zip(variants, dirs) if d}
+
+
+def _pch_for(cache_dir: Path, with_cuda: bool, variant: tuple[str, ...]) -> str | None:
+    import torch
+
+    header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
+    try:
+        with tempfile.TemporaryDirectory(prefix="dice-pch-") as tmp:
+            cxx, flags, post = _main_unit_command(variant, with_cuda, Path(tmp))
+        command = [*shlex.split(cxx), "-x", "c++-header", str(header), *flags, *post]
+        key = hashlib.sha256(json.dumps([command, _compiler_id(cxx), torch.__version__,
+                                         header.stat().st_mtime_ns]).encode()).hexdigest()[:24]
+        root = cache_dir / "pch" / key
+        if not (root / "torch" / "extension.h.gch").exists():
+            _build_pch(root, command, header)
+        return str(root)
+    except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _compiler_id(cxx: str) -> str:
+    out = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=60)
+    return out.stdout.splitlines()[0] if out.stdout else cxx
+
+
+def _build_pch(root: Path, command: list[str], header: Path) -> None:
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        (staging / "torch").mkdir()
+        # GCC looks for the .gch beside where it finds the header; a second `#include <torch/extension.h>` in the
+        # same unit (common in cpp_sources) must then find the header itself here too
+        (staging / "torch" / "extension.h").symlink_to(header)
+        subprocess.run([*command, "-o", str(staging / "torch" / "extension.h.gch")], check=True,
+                       capture_output=True, timeout=900)
+        (staging / "command.json").write_text(json.dumps(command))
+        os.replace(staging, root)
+    except OSError:  # another process published the same header first
+        if not (root / "torch" / "extension.h.gch").exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
