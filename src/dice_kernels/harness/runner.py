@@ -403,7 +403,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             dup = pairs[j][1]
             record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
                                     "solution_path": dup.path,
-                                    "extra": {**r.extra, "duplicate_of": cand.id}}))
+                                    # the work was done once, for the row above: its seconds are not counted twice
+                                    "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {}}}))
 
     try:
         with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \

@@ -36,7 +36,7 @@ from dice_kernels.harness.tensor_stream import write_trials
 if TYPE_CHECKING:
     from dice_kernels.harness.integrity import Monitor
 
-_MEMORY_PATTERNS = re.compile(
+MEMORY_ERROR_PATTERNS = re.compile(
     r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
     r"unspecified launch failure|CUBLAS_STATUS_ALLOC_FAILED|"
     r"std::bad_alloc|Cannot allocate memory|MemoryError", re.IGNORECASE)
@@ -191,7 +191,7 @@ def _classify(exc: BaseException, phase: str, log: BuildLog) -> StageError:
         return StageError("compile_error", "build", log.failures[0])
     if isinstance(exc, SystemExit):
         return StageError("python_error", phase, f"candidate called sys.exit({exc.code!r})")
-    if isinstance(exc, MemoryError) or _MEMORY_PATTERNS.search(message):
+    if isinstance(exc, MemoryError) or MEMORY_ERROR_PATTERNS.search(message):
         return StageError("cuda_memory_error", phase, message)
     if phase in ("import", "init") or isinstance(exc, (AttributeError, NameError, ImportError, SyntaxError)):
         return StageError("python_error", phase, message)

@@ -1,0 +1,102 @@
+"""The throughput benchmark's batch construction and the KernelBench-style outcome mapping (fast, no builds)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+
+import pytest
+
+from conftest import REPO
+from dice_kernels.harness import Candidate, candidate_from_text
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import eval_throughput as et  # noqa: E402
+import kernelbench_style as kbs  # noqa: E402
+
+CUDA = r'''
+#include <torch/extension.h>
+__global__ void scale_kernel(const float* x, float* tmp, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) tmp[i] = x[i] * 2.0f;
+}
+__global__ void add_kernel(const float* __restrict__ a, float* __restrict__ out, int64_t* idx, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = a[i]; idx[i] = i; out[i] = a[i] + 1.0f; }
+}
+torch::Tensor run(torch::Tensor x) {
+    auto t = torch::empty_like(x), o = torch::empty_like(x);
+    scale_kernel<<<1, 32>>>(x.data_ptr<float>(), t.data_ptr<float>(), x.numel());
+    add_kernel<<<1, 32>>>(t.data_ptr<float>(), o.data_ptr<float>(), nullptr, x.numel());
+    return o;
+}
+'''
+
+
+def test_mutations_edit_the_last_store_of_the_last_launched_kernel():
+    store = et.find_store(CUDA)
+    assert store is not None
+    wrong = et.mutate_store(CUDA, store, "({v}) + 1.0f")
+    assert "out[i] = (a[i] + 1.0f) + 1.0f;" in wrong and "tmp[i] = x[i] * 2.0f;" in wrong
+    broken = et.undeclared_identifier(CUDA, store)
+    assert f"int dice_tile = {et.UNDECLARED};" in broken.split("add_kernel(", 1)[1].split("}")[0]
+
+
+def test_no_store_when_outputs_are_not_floating_point():
+    assert et.find_store("__global__ void k(const float* x, bool* out) { out[0] = x[0] > 0; }\n"
+                         "void f() { k<<<1, 1>>>(0, 0); }") is None
+
+
+def test_layout_duplicates_share_the_syntax_tree_and_truncation_fails_generation():
+    code = "import torch\nsrc = '''\n  // kernel\n'''\nx = 1\n"
+    a, b = Candidate("a", code), Candidate("b", et.layout_variant(code, 3))
+    assert a.sha256 != b.sha256 and a.program_sha256 == b.program_sha256
+    assert candidate_from_text(et.truncated_output(code), id="t").code is None
+
+
+def test_kinds_keep_priority_order_and_repeat_beyond_twelve():
+    assert et.kinds_for(12) == list(et.KINDS)
+    assert et.kinds_for(3) == ["correct", "wrong_offset", "dup_exact"]
+    assert set(et.kinds_for(15)[12:]) <= set(et.EXTRA_KINDS)
+
+
+def test_smoke_batch():
+    items = et.smoke_batch()
+    d = et.describe(items)
+    assert d["n"] == 7 and d["distinct_programs"] == 4
+    assert d["fingerprint"] == et.fingerprint(et.smoke_batch())
+
+
+def test_cuda_batch_is_deterministic_and_parses(shared_data):
+    items = et.cuda_batch(shared_data, 3, 12, seed=1)
+    assert et.fingerprint(items) == et.fingerprint(et.cuda_batch(shared_data, 3, 12, seed=1))
+    assert len(items) == 36 and not {it.task.id for it in items} & {f"dice/{i}" for i in et.EXCLUDED_PAIRS}
+    for it in items:
+        if it.cand.code is not None:
+            ast.parse(it.cand.code)
+
+
+@pytest.mark.parametrize("res, stage, outcome", [
+    ({"correctness": True}, "done", "correct"),
+    ({"metadata": {"compilation_error": "Error building extension 'x': ..."}}, "compile", "compile_error"),
+    ({"metadata": {"compilation_error": "name 'load_inline' is not defined"}}, "compile", "python_error"),
+    ({"metadata": {"other_error": "'NoneType' object is not callable"}}, "init", "python_error"),
+    ({"metadata": {"runtime_error": "boom", "runtime_error_name": "builtins.RuntimeError"}}, "init", "python_error"),
+    ({"metadata": {"runtime_error": "x", "runtime_error_name": "builtins.AttributeError"}}, "correctness",
+     "python_error"),
+    ({"metadata": {"runtime_error": "bad", "runtime_error_name": "builtins.RuntimeError"}}, "correctness",
+     "runtime_error"),
+    ({"metadata": {"runtime_error": "ModelNew.forward() takes 2 positional arguments but 3 were given",
+                   "runtime_error_name": "builtins.TypeError"}}, "correctness", "python_error"),
+    ({"metadata": {"runtime_error": "fused(): incompatible function arguments",
+                   "runtime_error_name": "builtins.TypeError"}}, "correctness", "runtime_error"),
+    ({"metadata": {"runtime_error": "CUDA error: an illegal memory access was encountered"}}, "correctness",
+     "cuda_memory_error"),
+    ({"metadata": {"correctness_issue": "Output shape mismatch: Expected [2], got [1]"}}, "correctness",
+     "shape_mismatch"),
+    ({"metadata": {"correctness_issue": "Output mismatch"}}, "correctness", "value_mismatch"),
+    (None, "", "harness_error"),
+])
+def test_kernelbench_results_map_to_our_outcomes(res, stage, outcome):
+    assert kbs.our_outcome(res, stage, timed_out=False) == outcome
+    assert kbs.our_outcome(res, stage, timed_out=True) == "timeout"
