@@ -185,3 +185,23 @@ def test_degenerate_flags():
     loss = [[torch.tensor(2.0 + 1e-4 * i)] for i in range(3)]  # a large-N mean: one constant passes
     flags = degenerate_flags(loss, 1e-2, 1e-2, False)
     assert flags["constant_output_passes"] and not flags["zero_output_passes"] and flags["output_ignores_inputs"]
+
+
+def test_op_recording_does_not_import_dynamo():
+    """The dispatch recorder must not pull in torch._dynamo (1-3 s per candidate worker): checked in a fresh
+    interpreter, since this test process may have imported it already."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import sys, torch
+        from dice_kernels.harness.integrity import Monitor
+        monitor = Monitor("cpu", "candidate.py", ".", ("aten::empty",), 0.25)
+        with monitor.forward([torch.ones(3)], None):
+            torch.ones(3) + 1
+        assert monitor.fallback_ops, "the recorder saw no op"
+        print("dynamo imported:", "torch._dynamo" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dynamo imported: False" in out.stdout

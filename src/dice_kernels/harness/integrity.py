@@ -198,6 +198,19 @@ class _OpRecorder(TorchDispatchMode):
         return out
 
 
+def _skip_dynamo_import(mode: type) -> None:
+    """TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+    torch._dynamo: 1-3 s of every candidate worker. The wrapper caches its result on the plain function under
+    `__dynamo_disable`; pre-filling that cache with the function itself skips the import (the recorder is never
+    traced by torch.compile: a candidate that compiles is flagged anyway)."""
+    plain = getattr(mode.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+    if plain is not None:
+        setattr(plain, "__dynamo_disable", plain)
+
+
+_skip_dynamo_import(_OpRecorder)
+
+
 class Monitor:
     """Instrumentation for one candidate worker; `findings()` at the end lists what it saw."""
 
