@@ -55,6 +55,7 @@ def eval_cmd(
     robust: bool = typer.Option(True, "--robust/--no-robust", help="Run the robust check: correct candidates caught by an integrity check become `deceptive` (docs/robust_check.md)."),
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
     run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (timing stays one at a time); 0: 1 on cpu, 4 on cuda."),
+    warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Evaluate CUDA (or C++) kernel solutions against KernelBench-format tasks.
@@ -77,7 +78,7 @@ def eval_cmd(
                         timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
                         fast_build=fast_build,
-                        run_workers=run_workers)
+                        run_workers=run_workers, warm_workers=warm_workers)
     bad_ops = [op for op in allow_op if not op.startswith("aten::")]
     if bad_ops:
         _fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad_ops)}")

@@ -31,6 +31,9 @@ class EvalConfig:
     timing_target_ci: float = 0.01
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
+    # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
+    # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
+    warm_workers: int = -1
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
@@ -60,6 +63,9 @@ class EvalConfig:
         if self.run_workers > 0:
             return self.run_workers
         return 4 if backend == "cuda" else 1
+
+    def resolved_warm_workers(self, backend: str) -> int:
+        return self.resolved_run_workers(backend) if self.warm_workers < 0 else self.warm_workers
 
     def timing_plan(self) -> dict:
         """The `timing.TimingPlan` fields every run worker (reference and candidate alike) times with."""

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,10 +122,18 @@ class Evaluator:
     pch: dict[str, str] = field(default_factory=dict)  # build_speed.prepare_pch, for build workers
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
+    _ready: deque = field(default_factory=deque)  # started workers waiting for a job (sandbox.Started)
+    _ready_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.timing_lock = self.scratch / "timing.lock"
         self.timing_lock.touch()
+
+    def warm_up(self) -> None:
+        """Start the configured number of workers ahead of their jobs (EvalConfig.warm_workers)."""
+        with self._ready_lock:
+            while len(self._ready) < self.config.resolved_warm_workers(self.platform.backend):
+                self._ready.append(self._start_worker())
 
     # --- workers ------------------------------------------------------------------------------------------
 
@@ -133,18 +142,40 @@ class Evaluator:
                            "backend": self.platform.backend, "arch": self.platform.cuda_arch,
                            "cuda": torch.version.cuda}, sort_keys=True)
 
-    def _new_workdir(self, label: str) -> Path:
+    def _new_workdir(self) -> Path:
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
-        d = self.scratch / f"{seq:06d}-{label}"
+        d = self.scratch / f"{seq:06d}"
         d.mkdir(mode=0o700, parents=True)
         return d
 
+    def _start_worker(self) -> sandbox.Started:
+        workdir = self._new_workdir()
+        extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
+                     "OMP_NUM_THREADS": str(self.config.cpu_threads)}
+        if self.platform.backend == "cuda":
+            extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
+        return sandbox.start(sandbox.python_argv(_WORKER), cwd=workdir, env=sandbox.scrubbed_env(workdir, extra_env))
+
+    def _take_worker(self) -> sandbox.Started:
+        """A fresh worker for one job: one started earlier (its imports done or under way) when there is one, and a
+        replacement is started at once; never a worker that already ran a job."""
+        with self._ready_lock:
+            worker = self._ready.popleft() if self._ready else None
+            if worker is not None:
+                self._ready.append(self._start_worker())
+        if worker is not None and worker.proc.poll() is not None:  # died while waiting (e.g. out of memory)
+            sandbox.discard(worker)
+            _cleanup(worker.workdir)
+            worker = None
+        return worker or self._start_worker()
+
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
-                    writable_build: bool, timeout_s: float, label: str) -> _WorkerReport:
+                    writable_build: bool, timeout_s: float) -> _WorkerReport:
         cfg = self.config
-        workdir = self._new_workdir(label)
+        worker = self._take_worker()
+        workdir = worker.workdir
         (workdir / "task.py").write_text(task.code)
         if code is not None:
             (workdir / "candidate.py").write_text(code)
@@ -167,15 +198,9 @@ class Evaluator:
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
                if cfg.robust and mode == "run" and role == "candidate" else None}
         (workdir / "job.json").write_text(json.dumps(job))
-        extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
-                     "OMP_NUM_THREADS": str(cfg.cpu_threads)}
-        if cuda:
-            extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
         max_bytes = int(cfg.memory_limit_gb * _GIB)
-        exit_ = sandbox.launch(sandbox.python_argv(_WORKER, str(workdir / "job.json")), cwd=workdir,
-                               env=sandbox.scrubbed_env(workdir, extra_env), timeout_s=timeout_s,
-                               rss_limit_bytes=max_bytes,
-                               read_data=(lambda f: read_trials(f, max_bytes)) if mode == "run" else None)
+        exit_ = sandbox.supervise(worker, str(workdir / "job.json"), timeout_s=timeout_s, rss_limit_bytes=max_bytes,
+                                  read_data=(lambda f: read_trials(f, max_bytes)) if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
         if result_file.exists():
@@ -211,7 +236,7 @@ class Evaluator:
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
         rep = self._run_worker(mode="build", role="candidate", task=_NO_TASK, code=code, build_dir=staging,
-                               writable_build=True, timeout_s=self.config.compile_timeout_s, label="build")
+                               writable_build=True, timeout_s=self.config.compile_timeout_s)
         res = rep.result
         if res is None:
             kind, error = _death_outcome(rep.exit, self.config, phase="build")
@@ -235,11 +260,11 @@ class Evaluator:
 
     # --- run ----------------------------------------------------------------------------------------------
 
-    def run(self, task: Task, code: str | None, build_dir: Path | None, label: str) -> tuple[dict, list | None]:
+    def run(self, task: Task, code: str | None, build_dir: Path | None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew; returns (report, outputs or None)."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
-                               timeout_s=self.config.run_timeout_s, label=label)
+                               timeout_s=self.config.run_timeout_s)
         outputs = None
         res = rep.result
         if res is None:
@@ -255,7 +280,7 @@ class Evaluator:
 
     def reference(self, task: Task) -> _Reference:
         start = time.monotonic()
-        res, outputs = self.run(task, None, None, label="ref")
+        res, outputs = self.run(task, None, None)
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                               wall_s=time.monotonic() - start)
@@ -266,6 +291,9 @@ class Evaluator:
                           output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start)
 
     def close(self) -> None:
+        with self._ready_lock:
+            while self._ready:
+                sandbox.discard(self._ready.popleft())
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -380,6 +408,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     for i in todo:
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
     refs = _References(ev, users)
+    if todo:
+        ev.warm_up()  # interpreters import torch while the precompiled headers build
     if config.fast_build and any(not ev.is_cached(pairs[i][1].code) for i in todo):
         ev.pch = prepare_pch(config.cache_dir, with_cuda=backend == "cuda")  # once per machine and torch
 
@@ -446,7 +476,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
     start = time.monotonic()
-    res, outputs = ev.run(task, cand.code, b.dir, label="cand")
+    res, outputs = ev.run(task, cand.code, b.dir)
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)

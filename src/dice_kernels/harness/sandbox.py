@@ -2,8 +2,9 @@
 
 The worker (our code) calls `confine()` first thing: resource limits, a private network namespace and a
 Landlock ruleset that allows writes only inside its own directories and forbids signalling or ptracing
-anything outside. The parent starts workers with `launch()`: a scrubbed environment, a new session (so the
-whole process group can be killed), a wall-clock deadline, a host-memory watchdog and capped output capture.
+anything outside. The parent starts workers with `start()` (a scrubbed environment, a new session so the whole process group
+can be killed, a private output pipe), possibly ahead of their job, and runs each with `supervise()`: the job
+path on stdin, a wall-clock deadline, a host-memory watchdog and capped output capture.
 """
 
 from __future__ import annotations
@@ -209,34 +210,65 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
-           rss_limit_bytes: int | None = None,
-           read_data: Callable[[BinaryIO], object] | None = None) -> WorkerExit:
-    """Run a worker to completion; kill its whole process group on timeout or when its RSS passes the limit.
+@dataclass
+class Started:
+    """A worker process started ahead of its job: interpreter up, imports done, waiting for a job path on stdin.
 
-    With `read_data`, the worker inherits the write end of a private pipe (its number in $DICE_OUTPUT_FD) and
-    `read_data(read_end)` runs concurrently in the parent; its return value (or exception) lands in `.data`.
-    """
-    start = time.monotonic()
-    pipe_r = pipe_w = None
-    pass_fds: tuple[int, ...] = ()
-    if read_data is not None:
-        pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
-        pass_fds = (pipe_w,)
-        env = {**env, OUTPUT_FD_ENV: str(pipe_w)}
+    It is still one fresh process per job (never reused); starting it early only hides `import torch`. Its
+    private directory and output pipe are made at start, since its environment names them."""
+
+    proc: subprocess.Popen
+    workdir: Path
+    pipe_r: int  # read end of the private output pipe (the worker has the write end as $DICE_OUTPUT_FD)
+
+
+def start(argv: list[str], *, cwd: Path, env: dict[str, str]) -> Started:
+    """Start a worker that waits for its job (see `Started`): new session, scrubbed env, private output pipe."""
+    pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
+        proc = subprocess.Popen(argv, cwd=cwd, env={**env, OUTPUT_FD_ENV: str(pipe_w)}, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=(pipe_w,))
+    except BaseException:
+        os.close(pipe_r)
+        raise
     finally:
-        if pipe_w is not None:
-            os.close(pipe_w)
+        os.close(pipe_w)
+    return Started(proc, cwd, pipe_r)
+
+
+def discard(worker: Started) -> None:
+    """Kill a started worker that never got a job and release its pipe."""
+    _kill_group(worker.proc)
+    worker.proc.wait()
+    for stream in (worker.proc.stdin, worker.proc.stdout, worker.proc.stderr):
+        if stream:
+            stream.close()
+    os.close(worker.pipe_r)
+
+
+def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: int | None = None,
+              read_data: Callable[[BinaryIO], object] | None = None) -> WorkerExit:
+    """Hand `worker` its job path and run it to completion; kill its whole process group on timeout or when its
+    RSS passes the limit. The deadline counts from the hand-over.
+
+    With `read_data`, `read_data(output pipe)` runs concurrently in the parent; its return value (or exception)
+    lands in `.data`. Without it the pipe is closed, and a worker writing to it gets EPIPE.
+    """
+    begin = time.monotonic()
+    proc = worker.proc
+    try:
+        proc.stdin.write(job.encode() + b"\n")
+        proc.stdin.close()
+    except OSError:  # it died while waiting: supervision below records how
+        pass
     readers = (_CappedReader(), _CappedReader())
     threads = [threading.Thread(target=r.drain, args=(s,), daemon=True)
                for r, s in zip(readers, (proc.stdout, proc.stderr))]
     data: dict[str, object] = {}
     if read_data is not None:
         def _read() -> None:
-            with os.fdopen(pipe_r, "rb") as f:
+            with os.fdopen(worker.pipe_r, "rb") as f:
                 try:
                     data["value"] = read_data(f)
                 except Exception as e:  # noqa: BLE001 - the worker controls these bytes
@@ -244,12 +276,14 @@ def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
                     for _ in iter(lambda: f.read(1 << 20), b""):  # keep draining (in bounded chunks) so the
                         pass                                        # worker never blocks on a full pipe
         threads.append(threading.Thread(target=_read, daemon=True))
+    else:
+        os.close(worker.pipe_r)
     for t in threads:
         t.start()
     timed_out = memory_exceeded = False
     peak = 0
     while proc.poll() is None:
-        if time.monotonic() - start > timeout_s:
+        if time.monotonic() - begin > timeout_s:
             timed_out = True
         elif rss_limit_bytes:
             peak = max(peak, _rss_bytes(proc.pid))
@@ -262,7 +296,7 @@ def launch(argv: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float,
     _kill_group(proc)  # children a candidate may have left behind in its session
     for t in threads:
         t.join(timeout=5)
-    return WorkerExit(proc.returncode, timed_out, memory_exceeded, time.monotonic() - start,
+    return WorkerExit(proc.returncode, timed_out, memory_exceeded, time.monotonic() - begin,
                       readers[0].text(), readers[1].text(), peak, data.get("value"), data.get("error"))
 
 

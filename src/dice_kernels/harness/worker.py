@@ -1,6 +1,7 @@
 """The sandboxed worker: the only process that executes task or candidate code.
 
-`python -m dice_kernels.harness.worker JOB.json` confines itself (sandbox.confine), then either builds a
+`python -m dice_kernels.harness.worker` imports what it needs, reads its job path from stdin (the parent may
+start it before the job exists), confines itself (sandbox.confine), then either builds a
 candidate's extensions into the build cache (mode "build") or runs a model on seeded inputs (mode "run":
 the task's `Model` for role "reference", the candidate's `ModelNew` for role "candidate"), writing
 `result.json` into its private directory and its outputs into a pipe to the parent (tensor_stream). It never
@@ -468,7 +469,12 @@ def build(job: Job, log: BuildLog) -> dict:
     return {"status": "ok"}
 
 
-def main(job_path: str) -> None:
+def main() -> None:
+    # Started ahead of its job (sandbox.Started): everything above is imported by now; the job path comes on stdin.
+    job_path = sys.stdin.readline().strip()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    if not job_path:  # the parent discarded this worker
+        os._exit(0)
     job = Job.read(job_path)
     os.unlink(job_path)  # trials, seeds and iteration counts are not for the candidate to read
     notes = confine(Limits(**{**job.limits, "writable": tuple(job.limits["writable"])}))
@@ -486,4 +492,4 @@ def main(job_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -1,0 +1,36 @@
+"""Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close."""
+
+from __future__ import annotations
+
+from dice_kernels.harness import EvalConfig, sandbox
+from dice_kernels.harness.runner import Evaluator, Platform
+
+
+def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
+    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=2, cache_dir=tmp_path), Platform.detect("cpu"))
+    try:
+        ev.warm_up()
+        waiting = list(ev._ready)
+        assert len(waiting) == 2 and all(w.proc.poll() is None for w in waiting)
+        first, second = ev._take_worker(), ev._take_worker()
+        assert [first, second] == waiting  # the ones started ahead, oldest first
+        assert first.proc.pid != second.proc.pid and first.workdir != second.workdir
+        refills = list(ev._ready)
+        assert len(refills) == 2 and not {id(w) for w in refills} & {id(first), id(second)}
+        for taken in (first, second):  # a taken worker belongs to its job (supervise); here nobody runs it
+            sandbox.discard(taken)
+    finally:
+        ev.close()
+    assert all(w.proc.poll() is not None for w in refills)  # close kills every worker still waiting
+    assert not ev.scratch.exists()
+
+
+def test_no_workers_are_started_ahead_when_disabled(tmp_path):
+    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path), Platform.detect("cpu"))
+    try:
+        ev.warm_up()
+        assert not ev._ready
+        worker = ev._take_worker()
+        assert worker.proc.poll() is None and not ev._ready
+    finally:
+        ev.close()
