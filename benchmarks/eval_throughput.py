@@ -79,7 +79,6 @@ import torch  # noqa: E402
 
 import kernelbench_style as kbs  # noqa: E402 - benchmarks/ is on sys.path when this file runs as a script
 from dice_kernels.harness import Candidate, EvalConfig, EvalResult, candidate_from_text, evaluate  # noqa: E402
-from dice_kernels.harness import runner  # noqa: E402
 from dice_kernels.harness.runner import Platform  # noqa: E402
 from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E402
 
@@ -284,31 +283,6 @@ def _row(r: EvalResult) -> dict:
             "build_cache_hit": r.extra.get("build_cache_hit")}
 
 
-class _PchTimer:
-    """Times the harness's one-off precompiled-header preparation (build_speed.prepare_pch), which no result's
-    phases include: on a cold cache it is part of our wall time, and the report should say how much."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._original = getattr(runner, "prepare_pch", None)
-
-    def __enter__(self) -> "_PchTimer":
-        if self._original is not None:
-            def timed(*args, **kwargs):
-                start = time.monotonic()
-                try:
-                    return self._original(*args, **kwargs)
-                finally:
-                    self.seconds += time.monotonic() - start
-
-            runner.prepare_pch = timed
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._original is not None:
-            runner.prepare_pch = self._original
-
-
 def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label: str) -> dict:
     cold = not cache_dir.exists() or not any(cache_dir.iterdir())
     cfg = EvalConfig(backend=backend, jobs=jobs, cache_dir=cache_dir)
@@ -319,13 +293,11 @@ def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label:
         print(f"ours {label} {done[0]}/{len(items)} {r.candidate_id}: {r.outcome}", flush=True)
 
     start = time.monotonic()
-    with _PchTimer() as pch:
-        results = evaluate([(it.task, it.cand) for it in items], cfg, progress=False, on_result=show)
+    # on a cold cache the precompiled headers build in the background, inside this wall time
+    results = evaluate([(it.task, it.cand) for it in items], cfg, progress=False, on_result=show)
     wall = time.monotonic() - start
     rows = [_row(r) for r in results]
     phases = _phase_sums(rows)
-    if pch.seconds:
-        phases["pch (once, before builds)"] = round(pch.seconds, 2)
     return {"label": label, "n": len(items), "cold": cold, "wall_s": round(wall, 2),
             "rate_per_min": 60.0 * len(items) / wall, "outcomes": dict(Counter(r["outcome"] for r in rows)),
             "phases_s": phases, "rows": rows}

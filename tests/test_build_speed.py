@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import light_cuda_sources, normalize_cflags
+from dice_kernels.harness.build_speed import light_cuda_sources, normalize_cflags, prepare_pch
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -31,6 +31,9 @@ def test_cflags_normalise_like_torch():
 
 def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, example_pairs):
     pairs = [p for p in example_pairs("cpu") if p[1].id in ("19_ReLU/correct", "19_ReLU/broken")]
+    # evaluate() prepares the header in the background (early builds do without it); prepared first here so
+    # these builds take it
+    assert prepare_pch(tmp_path / "fast", with_cuda=False)
     fast = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "fast")
     plain = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "plain", fast_build=False)
     with_pch = {r.candidate_id: r for r in evaluate(pairs, fast, progress=False)}
@@ -43,3 +46,13 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
     assert not (tmp_path / "plain" / "pch").exists()
     # the compiler's own message, not one about the header shortcut
     assert "extension.h" not in with_pch["19_ReLU/broken"].error
+
+
+def test_a_cold_batch_publishes_the_header_for_the_next_run(tmp_path, example_pairs):
+    pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/broken"]
+    config = EvalConfig(backend="cpu", trials=1, timing=False, cache_dir=tmp_path)
+    (result,) = evaluate(pairs, config, progress=False)
+    assert result.outcome is Outcome.COMPILE_ERROR
+    headers = list((tmp_path / "pch").glob("*/torch/extension.h.gch"))
+    assert len(headers) == 2  # extra_cflags [] and ["-O3"]
+    assert all((h.parent / "extension.h").resolve().name == "extension.h" for h in headers)

@@ -2,7 +2,8 @@
 
 A `load_inline` build compiles two translation units, each parsing PyTorch's heavy headers:
 - `main.cpp` starts with `#include <torch/extension.h>`: the trusted parent precompiles that header once per
-  (compiler flags, torch) into the build cache (`prepare_pch`); build workers only read it. GCC uses a
+  (compiler flags, torch) into the build cache (`plan_pch`/`build_pch`, in the background: builds that start
+  earlier do without it); build workers only read it. GCC uses a
   precompiled header only when it is valid for the compile at hand and otherwise parses the real header, so a
   mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
@@ -72,32 +74,62 @@ def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) 
     return values.get("cxx", "c++"), flags, shlex.split(values.get("post_cflags", ""))
 
 
-def prepare_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> dict[str, str]:
-    """Precompile torch/extension.h for each flag variant (in parallel); returns {json(cflags): include dir}.
+@dataclass(frozen=True)
+class PchPlan:
+    """Where the precompiled header for one extra_cflags variant lives and the command that builds it."""
 
-    Cached under `cache_dir/pch/<key>`; a variant that fails to build is left out (builds just get slower).
-    """
-    with ThreadPoolExecutor(max(1, len(variants))) as pool:
-        dirs = list(pool.map(lambda v: _pch_for(cache_dir, with_cuda, v), variants))
-    return {json.dumps(list(v)): d for v, d in zip(variants, dirs) if d}
+    variant: tuple[str, ...]
+    root: Path  # the -I directory: root/torch/extension.h.gch
+    command: list[str]  # without its output
+    header: Path  # torch's own extension.h
+
+    @property
+    def ready(self) -> bool:
+        return (self.root / "torch" / "extension.h.gch").exists()
 
 
-def _pch_for(cache_dir: Path, with_cuda: bool, variant: tuple[str, ...]) -> str | None:
+def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> list[PchPlan]:
+    """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out)."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
+    plans = []
+    for variant in variants:
+        try:
+            with tempfile.TemporaryDirectory(prefix="dice-pch-") as tmp:
+                cxx, flags, post = _main_unit_command(variant, with_cuda, Path(tmp))
+            command = [*shlex.split(cxx), "-x", "c++-header", str(header), *flags, *post]
+            key = hashlib.sha256(json.dumps([command, _compiler_id(cxx), torch.__version__,
+                                             header.stat().st_mtime_ns]).encode()).hexdigest()[:24]
+            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header))
+        except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError):
+            continue
+    return plans
+
+
+def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
+    """{json(extra_cflags): include dir} for the plans whose header is built: what build workers are given."""
+    return {json.dumps(list(p.variant)): str(p.root) for p in plans if p.ready}
+
+
+def build_pch(plans: list[PchPlan]) -> dict[str, str]:
+    """Build the missing headers (in parallel); returns `ready_pch` after. A header that fails is left out."""
+    missing = [p for p in plans if not p.ready]
+    with ThreadPoolExecutor(max(1, len(missing))) as pool:
+        list(pool.map(_try_build, missing))
+    return ready_pch(plans)
+
+
+def prepare_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> dict[str, str]:
+    """Plan and build every variant's header, waiting for them (the harness itself builds in the background)."""
+    return build_pch(plan_pch(cache_dir, with_cuda, variants))
+
+
+def _try_build(plan: PchPlan) -> None:
     try:
-        with tempfile.TemporaryDirectory(prefix="dice-pch-") as tmp:
-            cxx, flags, post = _main_unit_command(variant, with_cuda, Path(tmp))
-        command = [*shlex.split(cxx), "-x", "c++-header", str(header), *flags, *post]
-        key = hashlib.sha256(json.dumps([command, _compiler_id(cxx), torch.__version__,
-                                         header.stat().st_mtime_ns]).encode()).hexdigest()[:24]
-        root = cache_dir / "pch" / key
-        if not (root / "torch" / "extension.h.gch").exists():
-            _build_pch(root, command, header)
-        return str(root)
-    except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError):
-        return None
+        _build_pch(plan)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def _compiler_id(cxx: str) -> str:
@@ -105,17 +137,18 @@ def _compiler_id(cxx: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else cxx
 
 
-def _build_pch(root: Path, command: list[str], header: Path) -> None:
+def _build_pch(plan: PchPlan) -> None:
+    root = plan.root
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
         (staging / "torch").mkdir()
         # GCC looks for the .gch beside where it finds the header; a second `#include <torch/extension.h>` in the
         # same unit (common in cpp_sources) must then find the header itself here too
-        (staging / "torch" / "extension.h").symlink_to(header)
-        subprocess.run([*command, "-o", str(staging / "torch" / "extension.h.gch")], check=True,
+        (staging / "torch" / "extension.h").symlink_to(plan.header)
+        subprocess.run([*plan.command, "-o", str(staging / "torch" / "extension.h.gch")], check=True,
                        capture_output=True, timeout=900)
-        (staging / "command.json").write_text(json.dumps(command))
+        (staging / "command.json").write_text(json.dumps(plan.command))
         os.replace(staging, root)
     except OSError:  # another process published the same header first
         if not (root / "torch" / "extension.h.gch").exists():

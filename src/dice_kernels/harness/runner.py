@@ -26,7 +26,7 @@ import torch
 
 from dice_kernels import __version__
 from dice_kernels.harness import sandbox
-from dice_kernels.harness.build_speed import prepare_pch
+from dice_kernels.harness.build_speed import build_pch, plan_pch, ready_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
@@ -409,9 +409,17 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
     refs = _References(ev, users)
     if todo:
-        ev.warm_up()  # interpreters import torch while the precompiled headers build
+        ev.warm_up()
+    pch_thread = None
     if config.fast_build and any(not ev.is_cached(pairs[i][1].code) for i in todo):
-        ev.pch = prepare_pch(config.cache_dir, with_cuda=backend == "cuda")  # once per machine and torch
+        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda")
+        ev.pch = ready_pch(plans)
+        if len(ev.pch) < len(plans):  # once per machine and torch: builds that start before the headers are
+            def _build() -> None:     # ready compile without them rather than wait
+                ev.pch = build_pch(plans)
+
+            pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
+            pch_thread.start()
 
     def process(i: int, build: Future) -> None:
         task, cand = pairs[i]
@@ -448,6 +456,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                 f.result()
     finally:
         bar.close()
+        if pch_thread is not None:
+            pch_thread.join()  # a half-written header is never published, but finish it for the next run
         ev.close()
         if store:
             store.close()
