@@ -306,8 +306,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="separate processes per pair")
     ap.add_argument("--build-jobs", type=int, default=16)
     ap.add_argument("--max-jobs", type=int, default=2, help="MAX_JOBS for each build's ninja")
-    ap.add_argument("--concurrency", type=int, default=1, help="timing processes alive at once (timing is locked; "
-                    "more than 1 lets the others load while one times, which adds CPU contention to launch-bound timings)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="timing processes alive at once (timing is locked; more than 1 lets the others load while "
+                    "one times, which adds CPU contention to launch-bound timings)")
     ap.add_argument("--cache", default="/tmp/dice_timing_stability")
     ap.add_argument("--arch", default="", help="TORCH_CUDA_ARCH_LIST; default: the present GPU's")
     ap.add_argument("--build-timeout", type=float, default=300)

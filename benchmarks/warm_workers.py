@@ -25,7 +25,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examp
 def example_pairs(backend: str) -> list:
     tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
     root = EXAMPLES / "solutions" / backend / "level1"
-    return [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}")) for p in sorted(root.rglob("*.py"))]
+    return [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}"))
+            for p in sorted(root.rglob("*.py"))]
 
 
 def one_pass(pairs: list, cache: Path, backend: str, warm_workers: int) -> dict:
