@@ -27,7 +27,18 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "internal_harness_errors": sum(1 for r in harness_errors
                                        if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
         "speedup_quantiles": _quantiles(speedups),
+        "seconds_by_phase": seconds_by_phase(results),
     }
+
+
+def seconds_by_phase(results: list[EvalResult]) -> dict[str, float]:
+    """Where the evaluation's time went: `extra.phase_s` summed over results (duplicates carry none), largest
+    first. Work in parallel workers adds up, so the sum exceeds the wall time."""
+    totals: dict[str, float] = {}
+    for r in results:
+        for phase, seconds in (r.extra.get("phase_s") or {}).items():
+            totals[phase] = totals.get(phase, 0.0) + float(seconds)
+    return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
 def _quantiles(xs: list[float]) -> dict[str, float]:
@@ -71,6 +82,11 @@ def markdown(s: dict) -> str:
     if s["speedup_quantiles"]:
         q = s["speedup_quantiles"]
         lines += ["", "Speedup of correct candidates: " + ", ".join(f"{k} {v:.2f}×" for k, v in q.items())]
+    if s.get("seconds_by_phase"):
+        lines += ["", "## Where the time went", "",
+                  "Seconds summed over evaluated candidates (parallel workers add up; `run.*` is inside `run`; "
+                  "docs/harness.md):", "", "| phase | seconds |", "|---|---|"]
+        lines += [f"| {k} | {v:.1f} |" for k, v in s["seconds_by_phase"].items()]
     lines += ["", "![outcomes](outcomes.png)", ""]
     return "\n".join(lines)
 

@@ -1,0 +1,25 @@
+"""The evaluation report's time accounting: per-phase seconds summed over results, largest first."""
+
+from __future__ import annotations
+
+from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.report.eval_report import markdown, seconds_by_phase, summary
+
+
+def _result(cid: str, phase_s: dict | None) -> EvalResult:
+    return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.CORRECT, correct=True,
+                      level=1, speedup=1.5, extra={} if phase_s is None else {"phase_s": phase_s})
+
+
+def test_seconds_by_phase_sums_and_orders_and_skips_rows_without_phases():
+    results = [_result("a", {"build": 10.0, "run": 2.0, "run.trials": 1.5}),
+               _result("b", {"build": 5.0, "run": 4.0}),
+               _result("dup", {}), _result("old", None)]
+    assert seconds_by_phase(results) == {"build": 15.0, "run": 6.0, "run.trials": 1.5}
+    assert list(seconds_by_phase(results)) == ["build", "run", "run.trials"]
+
+
+def test_report_has_a_time_section_only_when_there_are_phases():
+    with_phases = markdown(summary([_result("a", {"build": 3.0})], {}))
+    assert "## Where the time went" in with_phases and "| build | 3.0 |" in with_phases
+    assert "## Where the time went" not in markdown(summary([_result("old", None)], {}))
