@@ -205,3 +205,14 @@ def test_op_recording_does_not_import_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dynamo imported: False" in out.stdout
+
+
+def test_gpu_time_is_attributed_to_extension_windows_by_overlap():
+    from dice_kernels.harness.integrity import time_in_windows
+
+    kernels = [(0.0, 10.0), (20.0, 30.0), (40.0, 41.0)]
+    assert time_in_windows(kernels, [(5.0, 25.0)]) == 10.0  # half of each of the first two
+    assert time_in_windows(kernels, [(0.0, 12.0), (11.0, 31.0)]) == 20.0  # overlapping windows count once
+    assert time_in_windows(kernels, []) == 0.0
+    assert time_in_windows(kernels, [(41.5, 50.0)]) == 0.0
+    assert time_in_windows(kernels, [(41.5, 50.0)], slack=1.0) == 0.5  # clock-alignment slack at the edges
