@@ -23,3 +23,27 @@ def test_report_has_a_time_section_only_when_there_are_phases():
     with_phases = markdown(summary([_result("a", {"build": 3.0})], {}))
     assert "## Where the time went" in with_phases and "| build | 3.0 |" in with_phases
     assert "## Where the time went" not in markdown(summary([_result("old", None)], {}))
+
+
+def test_compile_baseline_gives_speedups_and_fast_p_against_torch_compile(tmp_path, build_cache, example_pairs):
+    """The reference worker times torch.compile(Model) too (real inductor compile, in the sandbox) when asked."""
+    from dice_kernels.harness import EvalConfig, evaluate
+    from dice_kernels.harness.metrics import compute
+
+    pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct"]
+    config = EvalConfig(backend="cpu", trials=1, timing_iters=5, timing_max_s=0.3, cache_dir=build_cache,
+                        compile_baseline=True)
+    (r,) = evaluate(pairs, config, progress=False)
+    assert r.outcome is Outcome.CORRECT, r.error
+    assert "compile_baseline_error" not in r.extra
+    assert r.extra["speedup_vs_compile"] > 0 and r.extra["compile_ref_ms"] > 0
+    lo, hi = r.extra["speedup_vs_compile_ci95"]
+    assert lo <= r.extra["speedup_vs_compile"] <= hi
+    assert set(compute([r]).fast_vs_compile) == {"fast_0", "fast_1", "fast_1.5", "fast_2"}
+    assert "## fast_p vs torch.compile" in markdown(summary([r], {}))
+
+
+def test_no_fast_p_vs_compile_without_the_baseline():
+    from dice_kernels.harness.metrics import compute
+
+    assert compute([_result("a", {"build": 1.0})]).fast_vs_compile == {}

@@ -51,6 +51,7 @@ def eval_cmd(
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
+    compile_baseline: bool = typer.Option(False, "--compile-baseline", help="Also time torch.compile(Model) per task and report speedups and fast_p against it (compiling costs seconds to minutes per task)."),
     fast_build: bool = typer.Option(True, "--fast-build/--no-fast-build", help="Precompile torch/extension.h for C++ units and try CUDA units without it first (falls back to the candidate's own sources; docs/harness.md)."),
     robust: bool = typer.Option(True, "--robust/--no-robust", help="Run the robust check: correct candidates caught by an integrity check become `deceptive` (docs/robust_check.md)."),
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
@@ -77,7 +78,7 @@ def eval_cmd(
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
-                        fast_build=fast_build,
+                        fast_build=fast_build, compile_baseline=compile_baseline,
                         run_workers=run_workers, warm_workers=warm_workers)
     bad_ops = [op for op in allow_op if not op.startswith("aten::")]
     if bad_ops:

@@ -29,6 +29,9 @@ class EvalConfig:
     timing_iters: int = 20
     timing_max_s: float = 2.0
     timing_target_ci: float = 0.01
+    # also time torch.compile(Model) in each task's reference worker and report speedups and fast_p against it
+    # (KernelBench's second baseline); off by default: compiling costs seconds to minutes per task
+    compile_baseline: bool = False
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs

@@ -20,6 +20,8 @@ class Metrics:
     exec_before_robust: float = 0.0  # fraction whose outputs passed the comparison, deceptive or not
     deceptive_kinds: dict[str, int] = field(default_factory=dict)  # robust check: count per sub-kind
     degenerate_tasks: int = 0  # distinct tasks where a trivial output passes (degenerate.degenerate_flags)
+    # the same fractions against torch.compile(Model), when the run timed that baseline (EvalConfig.compile_baseline)
+    fast_vs_compile: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,10 +46,15 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
     median = speedups[len(speedups) // 2] if speedups else None
     kinds = Counter(r.deceptive_kind for r in results if r.outcome is Outcome.DECEPTIVE)
     degenerate = {r.task_id for r in results if r.extra.get("task_degenerate", {}).get("degenerate")}
+    vs_compile = {}
+    if any("speedup_vs_compile" in r.extra for r in results):
+        vs_compile = {f"fast_{p:g}": sum(1 for r in good if (r.extra.get("speedup_vs_compile") or 0.0) > p) / n
+                      for p in ps}
     return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
                    outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
                    exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
-                   deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate))
+                   deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate),
+                   fast_vs_compile=vs_compile)
 
 
 def by_level(results: list[EvalResult]) -> dict[str, Metrics]:

@@ -103,6 +103,7 @@ class _Reference:
     degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
     output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
     wall_s: float = 0.0
+    compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
 
 
 @dataclass
@@ -193,6 +194,7 @@ class Evaluator:
                "timing_plan": cfg.timing_plan(), "timing_lock": str(self.timing_lock),
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
+               "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -288,7 +290,8 @@ class Evaluator:
         cfg = self.config
         return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing,
                           degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
-                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start)
+                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start,
+                          compile_baseline=res.get("compile_baseline") or {})
 
     def close(self) -> None:
         with self._ready_lock:
@@ -514,12 +517,24 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         extra["timing"] = {"ref": _timing_summary(ref_t), "cand": _timing_summary(cand_t)}
         if stream_escape(cand_t):  # charged at the host clock already; flagged so nobody trusts its events
             extra["timing_flags"] = ["work_escaped_default_stream"]
+        extra.update(_compile_baseline_fields(ref.compile_baseline, cand_t))
     phase_s["compare"] = round(time.monotonic() - ran, 3)
     return _result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                    ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
                    correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,
                    timing_trials=len(res.get("times_ms") or ()) if timed else 0, max_abs_diff=cmp.max_abs_diff,
                    extra=extra, **base)
+
+
+def _compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
+    """Speedup over torch.compile(Model) with its 95% interval, or why there is none (nothing without the option)."""
+    if baseline.get("error"):
+        return {"compile_baseline_error": baseline["error"]}
+    if not baseline.get("time_ms"):
+        return {}
+    speedup, lo, hi = speedup_interval(TimingSamples.from_dict(_timing_fields(baseline)), cand)
+    return {"speedup_vs_compile": speedup, "speedup_vs_compile_ci95": [lo, hi],
+            "compile_ref_ms": baseline["time_ms"], "compile_ref_compile_s": baseline.get("compile_s")}
 
 
 def _timing_fields(res: dict) -> dict:

@@ -64,6 +64,7 @@ class Job:
     rtol: float = 0.0
     pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
     light_headers: bool = False  # build mode: try CUDA sources without <torch/extension.h> first
+    compile_baseline: bool = False  # reference role: also time torch.compile(Model) with the same protocol
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -350,6 +351,23 @@ def _timed_loop(model, task: types.ModuleType, inputs: list, where: str, job: Jo
     return report, [t.detach().to("cpu", copy=True) for t in outs]
 
 
+def _compile_baseline(model, task: types.ModuleType, inputs: list, where: str, job: Job) -> dict:
+    """`torch.compile(Model)` (default mode) timed with the same protocol: KernelBench's second baseline. Runs in
+    the reference worker only; a failure is recorded, not raised (the eager baseline still stands)."""
+    import torch
+
+    start = timing.host_seconds()
+    try:
+        compiled = torch.compile(model)
+        compiled(*inputs)  # compiles
+        compile_s = timing.host_seconds() - start
+        report, _ = _time_forward(compiled, task, inputs, where + " under torch.compile", job, None, [])
+        return {**report, "compile_s": round(compile_s, 2)}
+    except Exception as e:  # noqa: BLE001 - an uncompilable reference leaves only the eager baseline
+        first = str(e).splitlines()[0] if str(e) else ""
+        return {"error": f"{type(e).__name__}: {first}"[:300]}
+
+
 def _nbytes(tensors: list) -> list[int]:
     return [t.numel() * t.element_size() for t in tensors]
 
@@ -425,6 +443,9 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 if monitor:
                     monitor.check_globals("after timing")
                 spent.lap("timing")
+                if job.compile_baseline and job.role == "reference":
+                    timing["compile_baseline"] = _compile_baseline(model, task, inputs, where, job)
+                    spent.lap("compile_baseline")
             if monitor and job.device.startswith("cuda") and monitor.ext_calls:
                 monitor.check_gpu_share(model, inputs)
                 spent.lap("gpu_share")

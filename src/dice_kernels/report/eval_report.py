@@ -64,6 +64,13 @@ def markdown(s: dict) -> str:
                      + f" | {med} | {m['degenerate_tasks']} |")
     lines += ["", "Speedups are medians of bootstrap ratios of the two timing samples (docs/timing.md); each "
               "result's 95% interval is in `results.jsonl` (`extra.speedup_ci95`)."]
+    if any(m.get("fast_vs_compile") for m in s["metrics"].values()):
+        lines += ["", "## fast_p vs torch.compile", "", "| level | n | " + " | ".join(f"fast_{p:g}" for p in FAST_P)
+                  + " |", "|---|---|" + "---|" * len(FAST_P)]
+        for level, m in s["metrics"].items():
+            if m.get("fast_vs_compile"):
+                lines.append(f"| {level} | {m['n']} | "
+                             + " | ".join(_pct(m["fast_vs_compile"][f"fast_{p:g}"]) for p in FAST_P) + " |")
     lines += ["", "## Outcomes", "", "| outcome | count |", "|---|---|"]
     for outcome, count in s["metrics"]["all"]["outcomes"].items():
         if count:
