@@ -80,6 +80,7 @@ import torch  # noqa: E402
 import kernelbench_style as kbs  # noqa: E402 - benchmarks/ is on sys.path when this file runs as a script
 from dice_kernels.harness import Candidate, EvalConfig, EvalResult, candidate_from_text, evaluate  # noqa: E402
 from dice_kernels.harness.runner import Platform  # noqa: E402
+from dice_kernels.report.eval_report import seconds_by_phase  # noqa: E402
 from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -262,20 +263,6 @@ def describe(items: list[Item]) -> dict:
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def _phase_sums(rows: list[dict]) -> dict[str, float]:
-    """Seconds per phase over evaluated programs (duplicates copy their original's timings, so they are skipped);
-    from `phase_s` where the harness records it, else from the older compile_s and wall_s fields."""
-    evaluated = [r for r in rows if not r["duplicate_of"] and r["outcome"] != "generation_failure"]
-    with_phases = any(r["phase_s"] for r in evaluated)
-    sums: dict[str, float] = {}
-    for r in evaluated:
-        phases = r["phase_s"] if with_phases else {"compile_s": r["compile_s"], "wall_s": r["wall_s"]}
-        for k, v in (phases or {}).items():
-            if isinstance(v, (int, float)):
-                sums[k] = sums.get(k, 0.0) + float(v)
-    return {k: round(v, 2) for k, v in sums.items()}
-
-
 def _row(r: EvalResult) -> dict:
     return {"id": r.candidate_id, "outcome": r.outcome.value, "deceptive_kind": r.deceptive_kind,
             "error": r.error[:300], "wall_s": r.wall_s, "compile_s": r.compile_s,
@@ -297,7 +284,7 @@ def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label:
     results = evaluate([(it.task, it.cand) for it in items], cfg, progress=False, on_result=show)
     wall = time.monotonic() - start
     rows = [_row(r) for r in results]
-    phases = _phase_sums(rows)
+    phases = seconds_by_phase(results)  # duplicates carry no seconds: the work was done once
     return {"label": label, "n": len(items), "cold": cold, "wall_s": round(wall, 2),
             "rate_per_min": 60.0 * len(items) / wall, "outcomes": dict(Counter(r["outcome"] for r in rows)),
             "phases_s": phases, "rows": rows}

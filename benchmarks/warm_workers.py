@@ -16,17 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from dice_kernels.harness import EvalConfig, evaluate, load_candidate
+from dice_kernels.harness import EvalConfig, evaluate
+from dice_kernels.harness.candidate import pair_solutions
 from dice_kernels.tasks import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
 
 
 def example_pairs(backend: str) -> list:
-    tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
-    root = EXAMPLES / "solutions" / backend / "level1"
-    return [(tasks[p.parent.name], load_candidate(p, id=f"{p.parent.name}/{p.stem}"))
-            for p in sorted(root.rglob("*.py"))]
+    pairs, _ = pair_solutions(load_tasks(EXAMPLES / "tasks"), EXAMPLES / "solutions" / backend)
+    return pairs
 
 
 def one_pass(pairs: list, cache: Path, backend: str, warm_workers: int) -> dict:

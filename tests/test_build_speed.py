@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import light_cuda_sources, normalize_cflags, prepare_pch
+from dice_kernels.harness.build_speed import build_pch, light_cuda_sources, normalize_cflags, plan_pch
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -33,7 +33,7 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
     pairs = [p for p in example_pairs("cpu") if p[1].id in ("19_ReLU/correct", "19_ReLU/broken")]
     # evaluate() prepares the header in the background (early builds do without it); prepared first here so
     # these builds take it
-    assert prepare_pch(tmp_path / "fast", with_cuda=False)
+    assert build_pch(plan_pch(tmp_path / "fast", with_cuda=False))
     fast = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "fast")
     plain = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "plain", fast_build=False)
     with_pch = {r.candidate_id: r for r in evaluate(pairs, fast, progress=False)}

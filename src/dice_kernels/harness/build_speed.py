@@ -120,11 +120,6 @@ def build_pch(plans: list[PchPlan]) -> dict[str, str]:
     return ready_pch(plans)
 
 
-def prepare_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> dict[str, str]:
-    """Plan and build every variant's header, waiting for them (the harness itself builds in the background)."""
-    return build_pch(plan_pch(cache_dir, with_cuda, variants))
-
-
 def _try_build(plan: PchPlan) -> None:
     try:
         _build_pch(plan)

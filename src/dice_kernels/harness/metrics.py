@@ -39,8 +39,7 @@ def passed_comparison(r: EvalResult) -> bool:
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
     n = len(results)
     good = [r for r in results if is_exec(r)]
-    fast = {f"fast_{p:g}": (sum(1 for r in good if r.speedup is not None and r.speedup > p) / n if n else 0.0)
-            for p in ps}
+    fast = _fast(good, n, ps, lambda r: r.speedup)
     counts = Counter(r.outcome.value for r in results)
     speedups = sorted(r.speedup for r in good if r.speedup is not None)
     median = speedups[len(speedups) // 2] if speedups else None
@@ -48,13 +47,18 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
     degenerate = {r.task_id for r in results if r.extra.get("task_degenerate", {}).get("degenerate")}
     vs_compile = {}
     if any("speedup_vs_compile" in r.extra for r in results):
-        vs_compile = {f"fast_{p:g}": sum(1 for r in good if (r.extra.get("speedup_vs_compile") or 0.0) > p) / n
-                      for p in ps}
+        vs_compile = _fast(good, n, ps, lambda r: r.extra.get("speedup_vs_compile"))
     return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
                    outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
                    exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
                    deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate),
                    fast_vs_compile=vs_compile)
+
+
+def _fast(good: list[EvalResult], n: int, ps: tuple[float, ...], speedup_of) -> dict[str, float]:
+    """fast_p: the fraction of all `n` results that are correct, not deceptive and more than p times faster."""
+    return {f"fast_{p:g}": (sum(1 for r in good if (s := speedup_of(r)) is not None and s > p) / n if n else 0.0)
+            for p in ps}
 
 
 def by_level(results: list[EvalResult]) -> dict[str, Metrics]:

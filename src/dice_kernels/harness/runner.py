@@ -120,7 +120,7 @@ class Evaluator:
     config: EvalConfig
     platform: Platform
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
-    pch: dict[str, str] = field(default_factory=dict)  # build_speed.prepare_pch, for build workers
+    pch: dict[str, str] = field(default_factory=dict)  # build_speed.ready_pch: headers build workers may use
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: deque = field(default_factory=deque)  # started workers waiting for a job (sandbox.Started)
