@@ -1,4 +1,5 @@
-"""Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close."""
+"""Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close;
+build workers are started per build, at a lower CPU priority."""
 
 from __future__ import annotations
 
@@ -32,5 +33,22 @@ def test_no_workers_are_started_ahead_when_disabled(tmp_path):
         assert not ev._ready
         worker = ev._take_worker()
         assert worker.proc.poll() is None and not ev._ready
+    finally:
+        ev.close()
+
+
+def test_build_workers_start_fresh_at_a_lower_priority(tmp_path):
+    import os
+
+    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=1, build_nice=7, cache_dir=tmp_path), Platform.detect("cpu"))
+    try:
+        ev.warm_up()
+        waiting = list(ev._ready)
+        build = ev._take_worker("build")
+        assert build not in waiting and list(ev._ready) == waiting  # the run pool is left for runs
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, build.proc.pid) == min(19, mine + 7)
+        assert os.getpriority(os.PRIO_PROCESS, waiting[0].proc.pid) == mine
+        sandbox.discard(build)
     finally:
         ev.close()

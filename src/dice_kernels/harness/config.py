@@ -38,6 +38,9 @@ class EvalConfig:
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
     warm_workers: int = -1
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
+    # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
+    # core never slow the run workers' trials and timing; 0: same priority
+    build_nice: int = 10
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)

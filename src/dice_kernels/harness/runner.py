@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from dice_kernels import __version__
-from dice_kernels.harness import sandbox
+from dice_kernels.harness import gpu_lock, sandbox
 from dice_kernels.harness.build_speed import build_pch, plan_pch, ready_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
@@ -123,15 +123,14 @@ class Evaluator:
     pch: dict[str, str] = field(default_factory=dict)  # build_speed.ready_pch: headers build workers may use
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: deque = field(default_factory=deque)  # started workers waiting for a job (sandbox.Started)
+    _ready: deque = field(default_factory=deque)  # started run workers waiting for a job (sandbox.Started)
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.timing_lock = self.scratch / "timing.lock"
-        self.timing_lock.touch()
+        self.gpu_lock = gpu_lock.create(self.scratch / "gpu")
 
     def warm_up(self) -> None:
-        """Start the configured number of workers ahead of their jobs (EvalConfig.warm_workers)."""
+        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers)."""
         with self._ready_lock:
             while len(self._ready) < self.config.resolved_warm_workers(self.platform.backend):
                 self._ready.append(self._start_worker())
@@ -151,17 +150,22 @@ class Evaluator:
         d.mkdir(mode=0o700, parents=True)
         return d
 
-    def _start_worker(self) -> sandbox.Started:
+    def _start_worker(self, nice: int = 0) -> sandbox.Started:
         workdir = self._new_workdir()
         extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
                      "OMP_NUM_THREADS": str(self.config.cpu_threads)}
         if self.platform.backend == "cuda":
             extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
-        return sandbox.start(sandbox.python_argv(_WORKER), cwd=workdir, env=sandbox.scrubbed_env(workdir, extra_env))
+        return sandbox.start(sandbox.python_argv(_WORKER), cwd=workdir, env=sandbox.scrubbed_env(workdir, extra_env),
+                             nice=nice)
 
-    def _take_worker(self) -> sandbox.Started:
-        """A fresh worker for one job: one started earlier (its imports done or under way) when there is one, and a
-        replacement is started at once; never a worker that already ran a job."""
+    def _take_worker(self, mode: str = "run") -> sandbox.Started:
+        """A fresh worker for one job, never one that already ran a job. A build worker is started now, at
+        `build_nice` (the compilers it spawns inherit it), so compiles on every core never starve the run
+        workers' trials and timing. A run worker is one started earlier (its imports done or under way) when
+        there is one, and a replacement is started at once."""
+        if mode == "build":
+            return self._start_worker(nice=self.config.build_nice)
         with self._ready_lock:
             worker = self._ready.popleft() if self._ready else None
             if worker is not None:
@@ -175,7 +179,7 @@ class Evaluator:
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float) -> _WorkerReport:
         cfg = self.config
-        worker = self._take_worker()
+        worker = self._take_worker(mode)
         workdir = worker.workdir
         (workdir / "task.py").write_text(task.code)
         if code is not None:
@@ -191,7 +195,7 @@ class Evaluator:
                "candidate_path": str(workdir / "candidate.py") if code is not None else None,
                "build_dir": str(build_dir) if build_dir else None, "device": "cuda" if cuda else "cpu",
                "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
-               "timing_plan": cfg.timing_plan(), "timing_lock": str(self.timing_lock),
+               "timing_plan": cfg.timing_plan(), "gpu_lock": self.gpu_lock,
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
@@ -515,8 +519,13 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         speedup, lo, hi = speedup_interval(ref_t, cand_t)
         extra["speedup_ci95"] = [lo, hi]
         extra["timing"] = {"ref": _timing_summary(ref_t), "cand": _timing_summary(cand_t)}
+        flags = []
         if stream_escape(cand_t):  # charged at the host clock already; flagged so nobody trusts its events
-            extra["timing_flags"] = ["work_escaped_default_stream"]
+            flags.append("work_escaped_default_stream")
+        if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
+            flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
+        if flags:
+            extra["timing_flags"] = flags
         extra.update(_compile_baseline_fields(ref.compile_baseline, cand_t))
     phase_s["compare"] = round(time.monotonic() - ran, 3)
     return _result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
@@ -538,7 +547,8 @@ def _compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
 
 
 def _timing_fields(res: dict) -> dict:
-    return {k: res[k] for k in TimingSamples.__dataclass_fields__ if k in res}
+    """A run report's timing samples (TimingSamples fields) and whether they were taken with the device alone."""
+    return {k: res[k] for k in (*TimingSamples.__dataclass_fields__, "device_exclusive") if k in res}
 
 
 def _timing_summary(t: TimingSamples) -> dict:

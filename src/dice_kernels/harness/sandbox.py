@@ -222,8 +222,9 @@ class Started:
     pipe_r: int  # read end of the private output pipe (the worker has the write end as $DICE_OUTPUT_FD)
 
 
-def start(argv: list[str], *, cwd: Path, env: dict[str, str]) -> Started:
-    """Start a worker that waits for its job (see `Started`): new session, scrubbed env, private output pipe."""
+def start(argv: list[str], *, cwd: Path, env: dict[str, str], nice: int = 0) -> Started:
+    """Start a worker that waits for its job (see `Started`): new session, scrubbed env, private output pipe;
+    with `nice`, at that lower CPU priority (inherited by every process it starts)."""
     pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env={**env, OUTPUT_FD_ENV: str(pipe_w)}, stdin=subprocess.PIPE,
@@ -234,6 +235,11 @@ def start(argv: list[str], *, cwd: Path, env: dict[str, str]) -> Started:
         raise
     finally:
         os.close(pipe_w)
+    if nice:
+        try:  # before it reads its job: nothing it spawns runs at the old priority
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        except OSError:  # already gone: supervise reports its death
+            pass
     return Started(proc, cwd, pipe_r)
 
 

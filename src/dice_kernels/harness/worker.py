@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # timing binds the clocks it uses at import, before any candidate code could replace them
-from dice_kernels.harness import timing
+from dice_kernels.harness import gpu_lock, timing
 from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
 from dice_kernels.harness.tensor_stream import write_trials
 
@@ -58,7 +58,7 @@ class Job:
     timing: bool
     timing_plan: dict
     limits: dict
-    timing_lock: str | None = None  # file whose flock serialises timing across concurrent workers
+    gpu_lock: str | None = None  # gpu_lock.create prefix: correctness calls share the device, timing has it alone
     robust: dict | None = None  # candidate role: {"allowed_ops": [...], "min_extension_gpu_share": float}
     atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
     rtol: float = 0.0
@@ -317,14 +317,11 @@ def _input_copy_passes(inputs: list, outputs: list, job: Job) -> bool:
 
 def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
                   poison_sizes: list[int]) -> tuple[dict, list]:
-    """Timing while holding the timing lock (no other worker's timing overlaps); also the last call's outputs."""
-    if not job.timing_lock:
-        return _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
-    import fcntl
-
-    with open(job.timing_lock) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
+    """Timing with the device to itself (no other worker's correctness calls or timing overlap, gpu_lock); also
+    the last call's outputs. A loop that could not get the device alone says so (`device_exclusive`)."""
+    with gpu_lock.exclusive(job.gpu_lock) as alone:
+        report, outs = _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
+    return {**report, "device_exclusive": alone}, outs
 
 
 def _timed_loop(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
@@ -389,6 +386,9 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
 
     phase, spent = "import", _PhaseClock()
     try:
+        if job.device.startswith("cuda"):
+            torch.zeros(1, device=job.device)  # the CUDA context, so its cost shows as its own phase
+            spent.lap("device")
         task = _load_module("dice_task", job.task_path)
         reference_cls = task.Model
         if job.role == "candidate":
@@ -421,9 +421,10 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
         outputs, findings, inputs, copy_passes = [], [], None, True
         with torch.no_grad():
             for trial in range(job.trials):
-                inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
-                previous = outputs[-1] if outputs else tensors_in(inputs)
-                outs, found = _forward_once(model, inputs, where, job, monitor, _nbytes(previous))
+                with gpu_lock.shared(job.gpu_lock):
+                    inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
+                    previous = outputs[-1] if outputs else tensors_in(inputs)
+                    outs, found = _forward_once(model, inputs, where, job, monitor, _nbytes(previous))
                 outputs.append(outs)
                 findings += found
                 if job.role == "reference":
@@ -444,7 +445,8 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                     timing["compile_baseline"] = _compile_baseline(model, task, inputs, where, job)
                     spent.lap("compile_baseline")
             if monitor and job.device.startswith("cuda") and monitor.ext_calls:
-                monitor.check_gpu_share(model, inputs)
+                with gpu_lock.shared(job.gpu_lock):
+                    monitor.check_gpu_share(model, inputs)
                 spent.lap("gpu_share")
         with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
             write_trials(stream, outputs)
@@ -493,13 +495,19 @@ def main() -> None:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if not job_path:  # the parent discarded this worker
         os._exit(0)
+    received = timing.host_seconds()
     job = Job.read(job_path)
     os.unlink(job_path)  # trials, seeds and iteration counts are not for the candidate to read
     notes = confine(Limits(**{**job.limits, "writable": tuple(job.limits["writable"])}))
     log = BuildLog()
     monitor = _monitor(job)
     _patch_extension_loaders(job, log, monitor)
-    result = build(job, log) if job.mode == "build" else run_model(job, log, monitor)
+    setup_s = round(timing.host_seconds() - received, 4)
+    if job.mode == "build":
+        result = build(job, log)
+    else:
+        result = run_model(job, log, monitor)
+        result["phase_s"] = {"setup": setup_s, **result.get("phase_s", {})}
     result.update(built=log.built, compile_s=log.compile_s, build_shortcuts=log.shortcuts, sandbox=notes)
     # Written last and atomically: a worker that dies earlier leaves no result and the parent says so.
     tmp = Path(job.workdir) / "result.json.tmp"
