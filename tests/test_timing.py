@@ -3,6 +3,7 @@ bootstrap intervals, speed-of-light arithmetic. CPU tests are fast; the CUDA pat
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -257,3 +258,31 @@ def test_cuda_ceilings_and_l2():
     c = T.measure_ceilings("cuda", reps=3)
     assert c.bandwidth_bytes_s > 1e11 and c.peak_flops > 1e12
     assert T.l2_size_bytes("cuda") > 1 << 20
+
+
+def test_lead_is_sized_from_the_host_issue_time_and_capped():
+    plan = T.TimingPlan(max_lead_ms=2.0)
+    assert T.lead_ms_for([0.010, 0.012, 0.008], plan) == pytest.approx(1.5 * 0.010 + 0.02)
+    assert T.lead_ms_for([5.0, 6.0], plan) == 2.0
+    assert T.TimingSamples.from_dict({**_samples([1.0]).to_dict(), "lead_ms": 0.05}).lead_ms == 0.05
+
+
+@pytest.mark.gpu
+def test_cuda_host_work_beyond_the_given_lead_shows_in_the_events():
+    """A candidate is timed with its reference's lead: host work before its launch (here a 0.5 ms sleep, as CPU
+    compute would be) that outlasts the lead leaves the GPU idle inside the events; sized from its own warm-up,
+    the lead would have hidden it."""
+    dev = "cuda"
+    sets = [[torch.randn(1 << 20, device=dev)] for _ in range(2)]
+
+    def host_then_launch(t):
+        time.sleep(0.0005)
+        return torch.relu(t)
+
+    plan = T.TimingPlan(min_iters=20, max_iters=50, min_time_s=0.0, max_time_s=5.0)
+    with torch.no_grad():
+        given = T.time_calls(host_then_launch, sets, dataclasses.replace(plan, lead_ms=0.03), dev,
+                             T.make_flush(dev))
+        own = T.time_calls(host_then_launch, sets, plan, dev, T.make_flush(dev))
+    assert given.lead_ms == 0.03 and given.median_ms > 0.4
+    assert own.lead_ms > 0.5 and own.median_ms < 0.2

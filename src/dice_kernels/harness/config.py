@@ -73,8 +73,9 @@ class EvalConfig:
     def resolved_warm_workers(self, backend: str) -> int:
         return self.resolved_run_workers(backend) if self.warm_workers < 0 else self.warm_workers
 
-    def timing_plan(self) -> dict:
-        """The `timing.TimingPlan` fields every run worker (reference and candidate alike) times with."""
+    def timing_plan(self, lead_ms: float | None = None) -> dict:
+        """The `timing.TimingPlan` fields every run worker times with; a candidate gets its reference's GPU lead
+        (`lead_ms`), the reference sizes its own (None)."""
         return {"warmup": self.warmup, "min_iters": self.timing_iters, "max_iters": max(self.timing_iters, 2000),
                 "min_time_s": min(0.1, self.timing_max_s), "max_time_s": self.timing_max_s,
-                "target_rel_ci": self.timing_target_ci}
+                "target_rel_ci": self.timing_target_ci, "lead_ms": lead_ms}

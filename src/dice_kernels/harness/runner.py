@@ -177,7 +177,7 @@ class Evaluator:
         return worker or self._start_worker()
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
-                    writable_build: bool, timeout_s: float) -> _WorkerReport:
+                    writable_build: bool, timeout_s: float, lead_ms: float | None = None) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
         workdir = worker.workdir
@@ -195,7 +195,7 @@ class Evaluator:
                "candidate_path": str(workdir / "candidate.py") if code is not None else None,
                "build_dir": str(build_dir) if build_dir else None, "device": "cuda" if cuda else "cpu",
                "seed": cfg.seed, "trials": cfg.trials, "timing": cfg.timing and mode == "run",
-               "timing_plan": cfg.timing_plan(), "gpu_lock": self.gpu_lock,
+               "timing_plan": cfg.timing_plan(lead_ms), "gpu_lock": self.gpu_lock,
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
@@ -266,11 +266,13 @@ class Evaluator:
 
     # --- run ----------------------------------------------------------------------------------------------
 
-    def run(self, task: Task, code: str | None, build_dir: Path | None) -> tuple[dict, list | None]:
-        """Run Model (code None) or ModelNew; returns (report, outputs or None)."""
+    def run(self, task: Task, code: str | None, build_dir: Path | None,
+            lead_ms: float | None = None) -> tuple[dict, list | None]:
+        """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
+        None)."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
-                               timeout_s=self.config.run_timeout_s)
+                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms)
         outputs = None
         res = rep.result
         if res is None:
@@ -493,7 +495,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
     start = time.monotonic()
-    res, outputs = ev.run(task, cand.code, b.dir)
+    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"))
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)

@@ -50,7 +50,9 @@ def host_seconds() -> float:
 class TimingPlan:
     """How long to time: warm-up for at least `warmup` calls and `warmup_s`, then time at least `min_iters` calls
     and `min_time_s`, then until the median's 95 % CI is within `target_rel_ci` of it, but never past `max_iters`
-    or `max_time_s`. `max_lead_ms` caps the GPU lead queued before each timed CUDA call (see `_lead_cycles`)."""
+    or `max_time_s`. `lead_ms` is the GPU lead queued before each timed CUDA call (see `lead_ms_for`): None sizes
+    it from this call's own warm-up, which is how the trusted reference is timed; a candidate is given the
+    reference's, so it gets exactly as much hidden host time as the reference needed and no more."""
 
     warmup: int = 3
     warmup_s: float = 0.05
@@ -62,6 +64,7 @@ class TimingPlan:
     input_bytes_target: int | None = None  # total bytes of rotating input sets; None: 2 x the cache size
     input_memory_budget: int = 4 << 30  # never pre-generate more input bytes than this
     max_input_sets: int = 64
+    lead_ms: float | None = None
     max_lead_ms: float = 2.0
 
 
@@ -244,6 +247,7 @@ class TimingSamples:
     total_s: float
     stop_reason: str  # "converged" | "max_iters" | "max_time"
     clock: str  # "cuda_event" | "perf_counter"
+    lead_ms: float = 0.0  # the GPU lead queued before each timed call (CUDA)
 
     @property
     def escaped_ratio(self) -> float:
@@ -370,43 +374,38 @@ def _spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
     return float(np.median(rates))
 
 
-def _lead_cycles(launch_ms: Sequence[float], cycles_per_ms: float, plan: TimingPlan) -> int:
-    """The GPU lead for a call whose host side took `launch_ms` (warm-up samples): 1.5 x the median plus 20 us,
-    at most `plan.max_lead_ms`. Like NVBench's blocking kernel, it keeps host launch latency (which varies with
-    CPU load and clocks, and was the main run-to-run noise of small kernels) out of the events; a call whose
-    host side takes longer than the cap still shows its launch gaps, as it would in a real program."""
-    lead_ms = min(plan.max_lead_ms, 1.5 * float(np.median(launch_ms)) + 0.02) if launch_ms else plan.max_lead_ms
-    return max(1, int(lead_ms * cycles_per_ms))
+def lead_ms_for(issue_ms: Sequence[float], plan: TimingPlan) -> float:
+    """The GPU lead for a call whose host side took `issue_ms` to return (warm-up samples, idle device): 1.5 x
+    the median plus 20 us, at most `plan.max_lead_ms`. Like NVBench's blocking kernel, it keeps host launch
+    latency (which varies with CPU load and clocks, and was the main run-to-run noise of small kernels) out of
+    the events. Work the host does beyond the lead (a slow Python path, a synchronizing copy and what follows
+    it) still shows as GPU idle time inside the events, as it would in a real program."""
+    return min(plan.max_lead_ms, 1.5 * float(np.median(issue_ms)) + 0.02) if issue_ms else plan.max_lead_ms
 
 
 def _warm_up(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan, dev: torch.device,
-             flush: Callable[[], None]) -> int:
-    """Run `plan.warmup` calls and at least `plan.warmup_s` (clocks and caches settle), each after a flush;
-    returns the GPU lead in cycles for the timed steps (0 on CPU). On CUDA each warm-up call is issued behind
-    the longest lead, and the host time to issue it is what `_lead_cycles` sizes the lead from."""
-    cuda = dev.type == "cuda"
-    cycles_per_ms = _spin_cycles_per_ms(dev) if cuda else 0.0
-    max_cycles = int(plan.max_lead_ms * cycles_per_ms)
-    launch_ms: list[float] = []
+             flush: Callable[[], None]) -> list[float]:
+    """Run `plan.warmup` calls and at least `plan.warmup_s` (clocks and caches settle), each after a flush on
+    an idle device; returns each call's host issue time (ms until it returned), which sizes the lead."""
+    issue_ms: list[float] = []
     start, i = _now_s(), 0
     while i < plan.warmup or _now_s() - start < plan.warmup_s:
         flush()  # warms the flush too: a thread pool its first parallel fill creates must predate timing
-        if cuda:
-            _cuda_sync(dev)
-            _cuda_spin(max_cycles)
+        synchronize(dev)
         t0 = _now_ns()
         call(*input_sets[i % len(input_sets)])
-        launch_ms.append((_now_ns() - t0) / 1e6)
+        issue_ms.append((_now_ns() - t0) / 1e6)
         i += 1
     synchronize(dev)
-    return _lead_cycles(launch_ms, cycles_per_ms, plan) if cuda else 0
+    return issue_ms
 
 
 def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
                device: str | torch.device, flush: Callable[[], None]) -> TimingSamples:
     """Time `call(*input_sets[i % n])` under the protocol (call it under `torch.no_grad()` and the timing lock).
 
-    Warm-up calls (`_warm_up`, each after a flush) rotate the input sets and size the GPU lead; then each
+    Warm-up calls (`_warm_up`, each after a flush) rotate the input sets and size the GPU lead (unless the plan
+    brings one); then each
     iteration (`_step`) flushes, times one call on the next set with the per-call clock and the host clock, and
     leaves the device and the process quiescent (all streams synchronized, all threads the call started ended)
     before the next. The host samples are corrected by the step's own overhead: the median host time of no-op
@@ -418,8 +417,10 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
         raise ValueError("time_calls needs at least one input set")
     dev = torch.device(device)
     n_sets = len(input_sets)
-    lead = _warm_up(call, input_sets, plan, dev, flush)
+    issue_ms = _warm_up(call, input_sets, plan, dev, flush)
     cuda = dev.type == "cuda"
+    lead_ms = (plan.lead_ms if plan.lead_ms is not None else lead_ms_for(issue_ms, plan)) if cuda else 0.0
+    lead = max(1, int(lead_ms * _spin_cycles_per_ms(dev))) if cuda else 0
     noop_deadline = _now_s() + 60.0
 
     def noop_host() -> float:
@@ -452,7 +453,7 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
                          host_ms_per_iter=max(0.0, float(np.median(host)) - overhead_ms), overhead_ms=overhead_ms,
                          n_input_sets=n_sets,
                          total_s=(_now_ns() - start_ns) / 1e9, stop_reason=stop_reason,
-                         clock="cuda_event" if dev.type == "cuda" else "perf_counter")
+                         clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms)
 
 
 def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
