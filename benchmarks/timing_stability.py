@@ -160,14 +160,6 @@ def _summary(s: T.TimingSamples) -> dict:
             "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s}
 
 
-def _iqm_ms(s: T.TimingSamples) -> float:
-    """Interquartile mean of the samples: an alternative to the median, compared side by side (it averages half
-    the samples, so it moves by less than one event-timer tick between processes)."""
-    xs = sorted(s.times_ms)
-    mid = xs[len(xs) // 4: len(xs) - len(xs) // 4] or xs
-    return statistics.fmean(mid)
-
-
 def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan: T.TimingPlan,
              flush_cache_bytes: int | None) -> dict:
     """Both protocols on reference and candidate, in this (fresh) process, under the timing lock."""
@@ -187,8 +179,7 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
         T.synchronize(device)
     med, lo, hi = T.speedup_interval(ours_ref, ours_new)
     return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes,
-            "ours": {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ours_ref), "cand": _summary(ours_new),
-                     "speedup_iqm": _iqm_ms(ours_ref) / (_iqm_ms(ours_new) * T.effective_time_ms(ours_new) / ours_new.median_ms)},
+            "ours": {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ours_ref), "cand": _summary(ours_new)},
             "kb": {"speedup": kb_ref / kb_new, "ref_ms": kb_ref, "cand_ms": kb_new}}
 
 
@@ -225,35 +216,44 @@ def aggregate(runs: list[dict]) -> dict:
     rows = []
     for pid, rs in by_id.items():
         ours = [r["ours"]["speedup"] for r in rs]
-        iqm = [r["ours"].get("speedup_iqm", r["ours"]["speedup"]) for r in rs]
         kb = [r["kb"]["speedup"] for r in rs]
         rows.append({"id": pid, "adversarial": pid in ADVERSARIAL, "reps": len(rs),
                      "ours_median": statistics.median(ours), "ours_spread": _spread(ours),
-                     "ours_iqm_median": statistics.median(iqm), "ours_iqm_spread": _spread(iqm),
                      "kb_median": statistics.median(kb), "kb_spread": _spread(kb),
-                     "ref_ms": statistics.median(r["ours"]["ref"]["effective_ms"] for r in rs),
+                     "ref_ms": statistics.median(r["ours"]["ref"]["median_ms"] for r in rs),
                      "ours_escape_flagged": all(r["ours"]["cand"]["escape"] for r in rs),
                      # what a harness using our protocol would reward: a CI above 1 and no escape flag
                      "ours_rewarded_faster": any(r["ours"]["lo"] > 1 and not r["ours"]["cand"]["escape"] for r in rs)})
     honest = [r for r in rows if not r["adversarial"] and r["reps"] >= 2]
     summary = {}
-    for proto in ("ours", "ours_iqm", "kb"):
+    for proto in ("ours", "kb"):
         spreads = [r[f"{proto}_spread"] for r in honest]
         summary[proto] = {"pairs": len(spreads), "median_spread": statistics.median(spreads) if spreads else None,
                           "worst_spread": max(spreads) if spreads else None}
     return {"rows": rows, "summary": summary}
 
 
+def rescore(runs: list[dict]) -> list[dict]:
+    """Runs recorded by an earlier version, with "ours" recomputed from their per-call medians and host times
+    under the current rule (timing.reference_time_ms / effective_time_ms); the interval is dropped."""
+    out = []
+    for r in runs:
+        if "ours" in r:
+            ref, cand = r["ours"]["ref"], r["ours"]["cand"]
+            speedup = ref["median_ms"] / (cand["host_ms"] if cand["escape"] else cand["median_ms"])
+            r = {**r, "ours": {**r["ours"], "speedup": speedup, "lo": float("nan"), "hi": float("nan")}}
+        out.append(r)
+    return out
+
+
 def print_table(agg: dict) -> None:
-    print(f"{'pair':>14} {'reps':>4} {'ref ms':>9} | {'ours x':>7} {'spread':>7} | {'IQM x':>7} {'spread':>7} | "
-          f"{'KB x':>7} {'spread':>7} | note")
+    print(f"{'pair':>14} {'reps':>4} {'ref ms':>9} | {'ours x':>7} {'spread':>7} | {'KB x':>7} {'spread':>7} | note")
     for r in agg["rows"]:
         note = ""
         if r["adversarial"]:
             note = ("ADVERSARIAL: escape flagged" if r["ours_escape_flagged"] else "ADVERSARIAL: NOT flagged") + (
                 ", rewarded as faster by ours!" if r["ours_rewarded_faster"] else ", never rewarded by ours")
         print(f"{r['id']:>14} {r['reps']:>4} {r['ref_ms']:>9.4f} | {r['ours_median']:>7.3f} {r['ours_spread']:>7.3f}"
-              f" | {r['ours_iqm_median']:>7.3f} {r['ours_iqm_spread']:>7.3f}"
               f" | {r['kb_median']:>7.3f} {r['kb_spread']:>7.3f} | {note}")
     for proto, s in agg["summary"].items():
         if s["pairs"]:
@@ -331,13 +331,18 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="start no timing process after this many seconds")
     ap.add_argument("--out", default="")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU-only run of the same machinery")
+    ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                    help="re-aggregate a saved --out file under the current reporting rule (reference at its "
+                         "median; candidate at its median, or its host time when flagged) and print the table")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.smoke:
         args.repeats = min(args.repeats, 3)
     device = "cpu" if args.smoke else "cuda"
-    if args.build_one:
+    if args.rescore:
+        print_table(aggregate(rescore(json.loads(args.rescore.read_text())["runs"])))
+    elif args.build_one:
         print(RESULT + json.dumps(build_one(args.build_one, args.pairs, device)), flush=True)
     elif args.one:
         if args.smoke:  # a short plan and a small flush: a smoke test of the machinery, not a measurement

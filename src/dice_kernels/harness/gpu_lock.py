@@ -8,10 +8,22 @@ import fcntl
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 _POLL_S = 0.001
+
+
+@dataclass
+class Hold:
+    """What a lock request got: whether it is held, and the seconds spent waiting for it."""
+
+    held: bool
+    waited_s: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.held
 
 
 def create(prefix: Path) -> str:
@@ -46,30 +58,33 @@ def _files(prefix: str) -> Iterator[tuple[int, int]]:
 
 
 @contextmanager
-def shared(prefix: str | None, wait_s: float = 60.0) -> Iterator[bool]:
-    """Use the device alongside other correctness calls, never during another worker's timing loop. Yields
-    whether the lock was held (False without a lock, or when `wait_s` passed: the call then goes ahead anyway,
-    since a correctness call's result does not depend on the device being quiet)."""
+def shared(prefix: str | None, wait_s: float = 60.0) -> Iterator[Hold]:
+    """Use the device alongside other correctness calls, never during another worker's timing loop. Yields a
+    `Hold`: not held without a lock, or when `wait_s` passed (the call then goes ahead anyway, since a
+    correctness call's result does not depend on the device being quiet)."""
     if not prefix:
-        yield False
+        yield Hold(False)
         return
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     with _files(prefix) as (lock, turnstile):
         held = _acquire(turnstile, fcntl.LOCK_EX, deadline)  # queue behind any waiting timer
         if held:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
             held = _acquire(lock, fcntl.LOCK_SH, deadline)
-        yield held
+        yield Hold(held, time.monotonic() - start)
 
 
 @contextmanager
-def exclusive(prefix: str | None, wait_s: float = 120.0) -> Iterator[bool]:
-    """Have the device alone: wait for running correctness calls to end, hold new ones back, then yield whether
-    that worked (False without a lock or after `wait_s`, e.g. behind a hung call: timing goes ahead, contended,
+def exclusive(prefix: str | None, wait_s: float = 120.0) -> Iterator[Hold]:
+    """Have the device alone: wait for running correctness calls to end, hold new ones back, then yield a
+    `Hold` (not held without a lock or after `wait_s`, e.g. behind a hung call: timing goes ahead, contended,
     and the caller records it)."""
     if not prefix:
-        yield False
+        yield Hold(False)
         return
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     with _files(prefix) as (lock, turnstile):
-        yield _acquire(turnstile, fcntl.LOCK_EX, deadline) and _acquire(lock, fcntl.LOCK_EX, deadline)
+        held = _acquire(turnstile, fcntl.LOCK_EX, deadline) and _acquire(lock, fcntl.LOCK_EX, deadline)
+        yield Hold(held, time.monotonic() - start)

@@ -319,9 +319,9 @@ def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: 
                   poison_sizes: list[int]) -> tuple[dict, list]:
     """Timing with the device to itself (no other worker's correctness calls or timing overlap, gpu_lock); also
     the last call's outputs. A loop that could not get the device alone says so (`device_exclusive`)."""
-    with gpu_lock.exclusive(job.gpu_lock) as alone:
+    with gpu_lock.exclusive(job.gpu_lock) as hold:
         report, outs = _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
-    return {**report, "device_exclusive": alone}, outs
+    return {**report, "device_exclusive": hold.held, "device_lock_wait_s": hold.waited_s}, outs
 
 
 def _timed_loop(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
@@ -368,10 +368,12 @@ def _nbytes(tensors: list) -> list[int]:
 
 
 class _PhaseClock:
-    """Seconds spent per phase of a run, for the report of where evaluation time goes."""
+    """Seconds spent per phase of a run, for the report of where evaluation time goes; `waited_s` sums the waits
+    for the device lock inside those phases."""
 
     def __init__(self) -> None:
         self.laps: dict[str, float] = {}
+        self.waited_s = 0.0
         self._last = timing.host_seconds()
 
     def lap(self, name: str) -> None:
@@ -422,10 +424,11 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
         outputs, findings, inputs, copy_passes = [], [], None, True
         with torch.no_grad():
             for trial in range(job.trials):
-                with gpu_lock.shared(job.gpu_lock):
+                with gpu_lock.shared(job.gpu_lock) as hold:
                     inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
                     previous = outputs[-1] if outputs else tensors_in(inputs)
                     outs, found = _forward_once(model, inputs, where, job, monitor, _nbytes(previous))
+                spent.waited_s += hold.waited_s
                 outputs.append(outs)
                 findings += found
                 if job.role == "reference":
@@ -438,6 +441,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 phase = "timing"
                 inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
                 timing, last = _time_forward(model, task, inputs, where, job, monitor, _nbytes(outputs[0]))
+                spent.waited_s += timing.pop("device_lock_wait_s")
                 outputs.append(last)
                 if monitor:
                     monitor.check_globals("after timing")
@@ -446,13 +450,15 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                     timing["compile_baseline"] = _compile_baseline(model, task, inputs, where, job)
                     spent.lap("compile_baseline")
             if monitor and job.device.startswith("cuda") and monitor.ext_calls:
-                with gpu_lock.shared(job.gpu_lock):
+                with gpu_lock.shared(job.gpu_lock) as hold:
                     monitor.check_gpu_share(model, inputs)
+                spent.waited_s += hold.waited_s
                 spent.lap("gpu_share")
         with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
             write_trials(stream, outputs)
         spent.lap("send")
-        report = {"status": "ok", "trials": len(outputs), "phase_s": spent.laps, **timing}
+        report = {"status": "ok", "trials": len(outputs),
+                  "phase_s": {**spent.laps, "device_lock_wait": round(spent.waited_s, 4)}, **timing}
         if monitor:
             for f in findings:
                 monitor.add(f.kind, f.reason)
