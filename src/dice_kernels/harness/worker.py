@@ -317,33 +317,33 @@ def _input_copy_passes(inputs: list, outputs: list, job: Job) -> bool:
 
 def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
                   poison_sizes: list[int]) -> tuple[dict, list]:
-    """Timing with the device to itself (no other worker's correctness calls or timing overlap, gpu_lock); also
-    the last call's outputs. A loop that could not get the device alone says so (`device_exclusive`)."""
-    with gpu_lock.exclusive(job.gpu_lock) as hold:
-        report, outs = _timed_loop(model, task, inputs, where, job, monitor, poison_sizes)
-    return {**report, "device_exclusive": hold.held, "device_lock_wait_s": hold.waited_s}, outs
-
-
-def _timed_loop(model, task: types.ModuleType, inputs: list, where: str, job: Job, monitor: Monitor | None,
-                poison_sizes: list[int]) -> tuple[dict, list]:
     """The timing protocol (harness/timing.py) over rotating input sets, then one more call whose outputs the
     parent re-checks: it runs on inputs rewritten in place just before it (and, with a monitor, after poisoning
-    the allocator's free blocks), so work skipped or cached inside the loop shows as wrong outputs there."""
+    the allocator's free blocks), so work skipped or cached inside the loop shows as wrong outputs there.
+
+    Only the timed loop has the device to itself (gpu_lock: no other worker's correctness calls or timing
+    overlap it); generating the input sets and the checked call share it. A loop that could not get the device
+    alone says so (`device_exclusive`)."""
     from dice_kernels.harness.integrity import poison_free_memory
 
     plan = timing.TimingPlan(**job.timing_plan)
-    n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), timing.l2_size_bytes(job.device), plan)
-    sets = [inputs] + [_trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
-    samples = timing.time_calls(model, sets, plan, job.device, timing.make_flush(job.device))
-    del sets[1:]
-    last_inputs = _trial_inputs(task, job, job.seed + 2 + job.trials)
-    _copy_into(inputs, last_inputs)
-    if monitor:  # allocates nothing but the poison, so the poisoned blocks are the next ones handed out
-        poison_free_memory(job.device, poison_sizes)
-    outs = _collect(model(*inputs), where, job, monitor)
+    with gpu_lock.shared(job.gpu_lock) as prepared:
+        n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), timing.l2_size_bytes(job.device), plan)
+        sets = [inputs] + [_trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
+        flush = timing.make_flush(job.device)
+        timing.synchronize(job.device)
+    with gpu_lock.exclusive(job.gpu_lock) as alone:
+        samples = timing.time_calls(model, sets, plan, job.device, flush)
+    del sets[1:], flush
+    with gpu_lock.shared(job.gpu_lock) as checked:
+        _copy_into(inputs, _trial_inputs(task, job, job.seed + 2 + job.trials))
+        if monitor:  # allocates nothing but the poison, so the poisoned blocks are the next ones handed out
+            poison_free_memory(job.device, poison_sizes)
+        outs = _collect(model(*inputs), where, job, monitor)
+        outs = [t.detach().to("cpu", copy=True) for t in outs]
     reported = timing.effective_time_ms if job.role == "candidate" else timing.reference_time_ms
-    report = {**samples.to_dict(), "time_ms": reported(samples)}
-    return report, [t.detach().to("cpu", copy=True) for t in outs]
+    return {**samples.to_dict(), "time_ms": reported(samples), "device_exclusive": alone.held,
+            "device_lock_wait_s": prepared.waited_s + alone.waited_s + checked.waited_s}, outs
 
 
 def _compile_baseline(model, task: types.ModuleType, inputs: list, where: str, job: Job) -> dict:
