@@ -117,3 +117,41 @@ def test_example_set_real_cpp_extensions(build_cache, tmp_path, example_pairs):
     # second evaluation: every build comes from the content-addressed cache
     again = evaluate(pairs, config, progress=False)
     assert all(r.extra.get("build_cache_hit") for r in again)
+
+
+def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_path, example_pairs):
+    """The speed-of-light bound, end to end (forced on for the CPU backend): the reference reports the task's bytes
+    and FLOPs and measures this machine's ceilings once, into the cache; against ceilings the kernel cannot have
+    beaten the result stands, and against ceilings it beat (as if the timing had been gamed) the correct candidate
+    keeps its outcome but loses its speedup."""
+    import json
+    import shutil
+
+    cache = tmp_path / "cache"
+    shutil.copytree(build_cache, cache)
+    ceilings_file = cache / "ceilings.json"
+    ceilings_file.unlink(missing_ok=True)
+    pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct"]
+    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing_iters=5, cache_dir=cache, speed_of_light="always")
+
+    def evaluate_with(bandwidth: float | None):
+        if bandwidth is not None:
+            ceilings = json.loads(ceilings_file.read_text())
+            for per_dtype in ceilings.values():
+                per_dtype["float32"].update(bandwidth_bytes_s=bandwidth, peak_flops=bandwidth)
+            ceilings_file.write_text(json.dumps(ceilings))
+        result, = evaluate(pairs, config, progress=False)
+        assert result.outcome is Outcome.CORRECT
+        return result
+
+    evaluate_with(None)  # measures
+    (measured,) = json.loads(ceilings_file.read_text()).values()
+    assert measured["float32"]["bandwidth_bytes_s"] > 1e8 and measured["float32"]["peak_flops"] > 1e8
+
+    honest = evaluate_with(1e18)
+    assert honest.speedup and not honest.extra["speed_of_light"]["faster_than_light"]
+    assert honest.extra["speed_of_light"]["bytes"] == 2 * 4 * 64 * 4096  # the ReLU task: input read, output written
+
+    beaten = evaluate_with(1e3)
+    assert beaten.speedup is None and "faster_than_light" in beaten.extra["timing_flags"]
+    assert beaten.extra["speed_of_light"]["quarantined_speedup"] > 0 and "speedup_ci95" not in beaten.extra

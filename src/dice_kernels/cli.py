@@ -52,10 +52,11 @@ def eval_cmd(
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
     compile_baseline: bool = typer.Option(False, "--compile-baseline", help="Also time torch.compile(Model) per task and report speedups and fast_p against it (compiling costs seconds to minutes per task)."),
+    speed_of_light: str = typer.Option("cuda", "--speed-of-light", help="cuda | always | off. Quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes at measured bandwidth, FLOPs at measured peak): it keeps its outcome but gets no speedup and the flag faster_than_light. 'cuda': on the CUDA backend only, where the bound is reliable (docs/timing.md)."),
     fast_build: bool = typer.Option(True, "--fast-build/--no-fast-build", help="Precompile torch/extension.h for C++ units and try CUDA units without it first (falls back to the candidate's own sources; docs/harness.md)."),
     robust: bool = typer.Option(True, "--robust/--no-robust", help="Run the robust check: correct candidates caught by an integrity check become `deceptive` (docs/robust_check.md)."),
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
-    run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (timing stays one at a time); 0: 1 on cpu, 4 on cuda."),
+    run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu, 4 on cuda."),
     warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
@@ -78,8 +79,10 @@ def eval_cmd(
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
-                        fast_build=fast_build, compile_baseline=compile_baseline,
+                        fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         run_workers=run_workers, warm_workers=warm_workers)
+    if speed_of_light not in ("cuda", "always", "off"):
+        _fail(f"--speed-of-light takes cuda, always or off, not {speed_of_light!r}")
     bad_ops = [op for op in allow_op if not op.startswith("aten::")]
     if bad_ops:
         _fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad_ops)}")

@@ -32,6 +32,13 @@ class EvalConfig:
     # also time torch.compile(Model) in each task's reference worker and report speedups and fast_p against it
     # (KernelBench's second baseline); off by default: compiling costs seconds to minutes per task
     compile_baseline: bool = False
+    # quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes at the measured memory
+    # bandwidth, FLOPs at the measured peak) by more than `sol_slack`: the result keeps its outcome, loses its
+    # speedup and is flagged `faster_than_light` (docs/timing.md). "cuda": on the CUDA backend only (a CPU's
+    # caches and load make a measured bandwidth a poor bound: compiles running beside the measurement cut it
+    # 17x here); "always"; "off"
+    speed_of_light: str = "cuda"
+    sol_slack: float = 0.9
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
@@ -64,6 +71,11 @@ class EvalConfig:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_speed_of_light(self, backend: str) -> bool:
+        if self.speed_of_light not in ("cuda", "always", "off"):
+            raise ValueError(f"speed_of_light must be 'cuda', 'always' or 'off', not {self.speed_of_light!r}")
+        return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
 
     def resolved_run_workers(self, backend: str) -> int:
         if self.run_workers > 0:

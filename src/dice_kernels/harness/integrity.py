@@ -215,17 +215,17 @@ def time_in_windows(spans: list[tuple[float, float]], windows: list[tuple[float,
     return sum(max(0.0, min(end, w_end) - max(start, w_start)) for start, end in spans for w_start, w_end in merged)
 
 
-def _skip_dynamo_import(mode: type) -> None:
+def skip_dynamo_import(mode: type) -> None:
     """TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose first call imports
     torch._dynamo: 1-3 s of every candidate worker. The wrapper caches its result on the plain function under
-    `__dynamo_disable`; pre-filling that cache with the function itself skips the import (the recorder is never
-    traced by torch.compile: a candidate that compiles is flagged anyway)."""
+    `__dynamo_disable`; pre-filling that cache with the function itself skips the import (the modes it is used on,
+    the recorder here and the reference's FLOP counter, are never traced by torch.compile)."""
     plain = getattr(mode.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
     if plain is not None:
         setattr(plain, "__dynamo_disable", plain)
 
 
-_skip_dynamo_import(_OpRecorder)
+skip_dynamo_import(_OpRecorder)
 
 
 class Monitor:

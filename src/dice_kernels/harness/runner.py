@@ -34,8 +34,8 @@ from dice_kernels.harness.degenerate import degenerate_flags
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
 from dice_kernels.harness.tensor_stream import read_trials
-from dice_kernels.harness.timing import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
-                                         stream_escape)
+from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time_ms, faster_than_light,
+                                         reference_time_ms, speed_of_light_ms, speedup_interval, stream_escape)
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
@@ -105,6 +105,7 @@ class _Reference:
     output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
     wall_s: float = 0.0
     compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
+    sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
 
 
 @dataclass
@@ -129,6 +130,42 @@ class Evaluator:
 
     def __post_init__(self) -> None:
         self.gpu_lock = gpu_lock.create(self.scratch / "gpu")
+        self._ceilings_lock = threading.Lock()
+
+    # --- hardware ceilings (speed of light) ------------------------------------------------------------------
+
+    def _ceilings_file(self) -> Path:
+        return self.config.cache_dir / "ceilings.json"
+
+    def _ceilings_key(self) -> str:
+        return f"{self.platform.backend}|{self.platform.hardware}|torch {self.platform.torch_version}"
+
+    def ceilings(self) -> dict[str, Ceilings]:
+        """Measured ceilings of this machine per dtype, cached across runs in the build cache's folder (measuring
+        takes seconds on a GPU: a 1 GiB copy and an 8192^3 matmul)."""
+        try:
+            cached = json.loads(self._ceilings_file().read_text()).get(self._ceilings_key(), {})
+            return {dtype: Ceilings(**c) for dtype, c in cached.items()}
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def remember_ceilings(self, dtype: str, ceilings: dict) -> None:
+        """Merge a measurement into the cache. Ceilings only ever go up: every measurement is a rate the machine
+        reached, so the highest one seen is the tightest valid bound, and one taken under load cannot lower it."""
+        with self._ceilings_lock:
+            path = self._ceilings_file()
+            try:
+                everything = json.loads(path.read_text())
+            except (OSError, ValueError):
+                everything = {}
+            known = everything.setdefault(self._ceilings_key(), {})
+            old = known.get(dtype, {})
+            known[dtype] = {**ceilings, **{k: max(v, old.get(k, 0.0)) for k, v in ceilings.items()
+                                           if isinstance(v, (int, float))}}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(everything, indent=1))
+            os.replace(tmp, path)
 
     def warm_up(self) -> None:
         """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers)."""
@@ -200,6 +237,9 @@ class Evaluator:
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
+               "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
+               and role == "reference",
+               "ceilings_known": sorted(self.ceilings()) if mode == "run" and role == "reference" else [],
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -295,7 +335,10 @@ class Evaluator:
                               wall_s=time.monotonic() - start)
         trials, timing = _split(outputs, self.config.trials)
         cfg = self.config
-        return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing,
+        sol = dict(res.get("speed_of_light") or {})
+        if "ceilings" in sol:
+            self.remember_ceilings(sol["dtype"], sol.pop("ceilings"))
+        return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing, sol=sol,
                           degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
                           output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start,
                           compile_baseline=res.get("compile_baseline") or {})
@@ -527,9 +570,17 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
             flags.append("work_escaped_default_stream")
         if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
             flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
+        extra.update(_compile_baseline_fields(ref.compile_baseline, cand_t))
+        bound = _speed_of_light_fields(ev, ref, cand_t) if cfg.resolved_speed_of_light(ev.platform.backend) else {}
+        if bound.get("faster_than_light"):  # quarantined: right outputs, but a time the hardware cannot deliver
+            flags.append("faster_than_light")
+            bound["quarantined_speedup"], speedup = speedup, None
+            for key in ("speedup_ci95", "speedup_vs_compile", "speedup_vs_compile_ci95"):
+                extra.pop(key, None)
+        if bound:
+            extra["speed_of_light"] = bound
         if flags:
             extra["timing_flags"] = flags
-        extra.update(_compile_baseline_fields(ref.compile_baseline, cand_t))
     phase_s["compare"] = round(time.monotonic() - ran, 3)
     return _result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                    ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
@@ -547,6 +598,17 @@ def _compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
     speedup, lo, hi = speedup_interval(TimingSamples.from_dict(_timing_fields(baseline)), cand)
     return {"speedup_vs_compile": speedup, "speedup_vs_compile_ci95": [lo, hi],
             "compile_ref_ms": baseline["time_ms"], "compile_ref_compile_s": baseline.get("compile_s")}
+
+
+def _speed_of_light_fields(ev: Evaluator, ref: _Reference, cand: TimingSamples) -> dict:
+    """The task's speed-of-light bound against the candidate's reported time, when the reference reported the
+    task's FLOPs and bytes and this machine's ceilings for its dtype are known; {} otherwise."""
+    c = ev.ceilings().get(ref.sol.get("dtype", ""))
+    if c is None:
+        return {}
+    sol_ms = speed_of_light_ms(ref.sol["bytes"], ref.sol["flops"], c.bandwidth_bytes_s, c.peak_flops)
+    return {"sol_ms": sol_ms, "bytes": ref.sol["bytes"], "flops": ref.sol["flops"], "dtype": ref.sol["dtype"],
+            "faster_than_light": faster_than_light(effective_time_ms(cand), sol_ms, ev.config.sol_slack)}
 
 
 def _timing_fields(res: dict) -> dict:

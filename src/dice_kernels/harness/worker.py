@@ -25,7 +25,7 @@ import time
 import traceback
 import types
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +65,10 @@ class Job:
     pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
     light_headers: bool = False  # build mode: try CUDA sources without <torch/extension.h> first
     compile_baseline: bool = False  # reference role: also time torch.compile(Model) with the same protocol
+    # reference role: report the task's speed-of-light inputs (FLOPs, minimum bytes moved) and measure the
+    # device's ceilings for the task's dtype unless the parent already has them (dtype names it has)
+    speed_of_light: bool = False
+    ceilings_known: list = field(default_factory=list)
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -363,6 +367,36 @@ def _compile_baseline(model, task: types.ModuleType, inputs: list, where: str, j
         return {"error": f"{type(e).__name__}: {first}"[:300]}
 
 
+def _speed_of_light(model, inputs: list, outputs: list, job: Job) -> dict:
+    """The task's side of the speed-of-light bound, from the trusted reference: FLOPs of one forward and the
+    minimum bytes it must move, plus the device's ceilings for the task's dtype when the parent has none cached
+    (measured with the device alone and, on CPU, every core, so no honest kernel can beat them)."""
+    import torch
+    import torch.utils.flop_counter as flop_counter
+
+    from dice_kernels.harness.integrity import skip_dynamo_import, tensors_in
+
+    skip_dynamo_import(getattr(flop_counter, "_FlopCounterMode", type(None)))  # 1.1 s per reference otherwise
+    floats = [t.dtype for t in tensors_in(inputs) if t.is_floating_point()]
+    dtype = floats[0] if floats else torch.float32
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    sol = {"flops": timing.count_flops(model, inputs), "bytes": timing.min_bytes_moved(inputs, outputs, params),
+           "dtype": str(dtype).removeprefix("torch.")}
+    if sol["dtype"] not in job.ceilings_known:
+        threads = torch.get_num_threads()
+        best: dict = {}
+        try:
+            with gpu_lock.exclusive(job.gpu_lock):
+                for n in sorted({1, os.cpu_count() or 1}):  # on CPU, a parallel copy is the first to suffer from load
+                    torch.set_num_threads(n)
+                    c = asdict(timing.measure_ceilings(job.device, dtype))
+                    best = {k: max(v, best.get(k, v)) if isinstance(v, float) else v for k, v in c.items()}
+        finally:
+            torch.set_num_threads(threads)
+        sol["ceilings"] = best
+    return sol
+
+
 def _nbytes(tensors: list) -> list[int]:
     return [t.numel() * t.element_size() for t in tensors]
 
@@ -449,6 +483,9 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 if job.compile_baseline and job.role == "reference":
                     timing["compile_baseline"] = _compile_baseline(model, task, inputs, where, job)
                     spent.lap("compile_baseline")
+                if job.speed_of_light and job.role == "reference":
+                    timing["speed_of_light"] = _speed_of_light(model, inputs, outputs[0], job)
+                    spent.lap("speed_of_light")
             if monitor and job.device.startswith("cuda") and monitor.ext_calls:
                 with gpu_lock.shared(job.gpu_lock) as hold:
                     monitor.check_gpu_share(model, inputs)
