@@ -1,4 +1,5 @@
-"""The evaluation report's time accounting: per-phase seconds summed over results, largest first."""
+"""The evaluation report's time accounting (per-phase seconds summed over results, largest first), timing flags
+and fast_p against torch.compile."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ def test_seconds_by_phase_sums_and_orders_and_skips_rows_without_phases():
                _result("dup", {}), _result("old", None)]
     assert seconds_by_phase(results) == {"build": 15.0, "run": 6.0, "run.trials": 1.5}
     assert list(seconds_by_phase(results)) == ["build", "run", "run.trials"]
+
+
+def test_timing_flags_are_counted_and_reported():
+    flagged = [EvalResult(task_id="L1/19", candidate_id=c, candidate_sha256=c, outcome=Outcome.CORRECT, correct=True,
+                          level=1, speedup=None, extra={"timing_flags": flags})
+               for c, flags in (("a", ["faster_than_light"]), ("b", ["faster_than_light", "timed_while_device_shared"]))]
+    s = summary(flagged + [_result("c", None)], {})
+    assert s["timing_flags"] == {"faster_than_light": 2, "timed_while_device_shared": 1}
+    assert "faster_than_light 2, timed_while_device_shared 1" in markdown(s)
+    assert "Timing flags" not in markdown(summary([_result("c", None)], {}))
 
 
 def test_report_has_a_time_section_only_when_there_are_phases():

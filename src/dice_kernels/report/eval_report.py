@@ -27,8 +27,18 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "internal_harness_errors": sum(1 for r in harness_errors
                                        if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
         "speedup_quantiles": _quantiles(speedups),
+        "timing_flags": timing_flags(results),
         "seconds_by_phase": seconds_by_phase(results),
     }
+
+
+def timing_flags(results: list[EvalResult]) -> dict[str, int]:
+    """How many timed candidates carry each timing flag (`faster_than_light` ones were given no speedup)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for flag in r.extra.get("timing_flags") or ():
+            counts[flag] = counts.get(flag, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def seconds_by_phase(results: list[EvalResult]) -> dict[str, float]:
@@ -89,6 +99,9 @@ def markdown(s: dict) -> str:
     if s["speedup_quantiles"]:
         q = s["speedup_quantiles"]
         lines += ["", "Speedup of correct candidates: " + ", ".join(f"{k} {v:.2f}×" for k, v in q.items())]
+    if s.get("timing_flags"):
+        lines += ["", "Timing flags (docs/timing.md; `faster_than_light` candidates count for Exec, never for fast_p): "
+                  + ", ".join(f"{k} {v}" for k, v in s["timing_flags"].items())]
     if s.get("seconds_by_phase"):
         lines += ["", "## Where the time went", "",
                   "Seconds summed over evaluated candidates (parallel workers add up; `run.*` is inside `run`; "
