@@ -29,6 +29,9 @@ def test_cuda_examples(build_cache, tmp_path, example_pairs):
     assert {k: r.outcome for k, r in res.items()} == expected, {k: r.error[:300] for k, r in res.items()}
     good = res["19_ReLU/correct"]
     assert good.speedup and good.speedup > 0 and good.hardware and good.backend == "cuda"
+    # the speed-of-light bound is on by default on CUDA: reported, and an honest kernel stays below it
+    assert good.extra["speed_of_light"]["sol_ms"] > 0 and not good.extra["speed_of_light"]["faster_than_light"]
+    assert (build_cache / "ceilings.json").exists()
     # the build targets the present GPU's architecture (e.g. sm_90 on an H200), not a hard-coded older one
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump:
