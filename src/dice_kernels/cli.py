@@ -73,6 +73,7 @@ def eval_cmd(
     cuda_memory_error, runtime_error, timeout, shape_mismatch, value_mismatch, deceptive or harness_error.
     """
     from dice_kernels.harness import EvalConfig, evaluate, load_candidate
+    from dice_kernels.harness.config import SPEED_OF_LIGHT_MODES
     from dice_kernels.harness.candidate import pair_solutions
     from dice_kernels.tasks import TaskError, load_task_file, load_tasks
 
@@ -81,7 +82,7 @@ def eval_cmd(
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         run_workers=run_workers, warm_workers=warm_workers)
-    if speed_of_light not in ("cuda", "always", "off"):
+    if speed_of_light not in SPEED_OF_LIGHT_MODES:
         _fail(f"--speed-of-light takes cuda, always or off, not {speed_of_light!r}")
     bad_ops = [op for op in allow_op if not op.startswith("aten::")]
     if bad_ops:

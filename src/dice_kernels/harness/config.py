@@ -15,6 +15,9 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "dice-kernels" / "builds"
 
 
+SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # EvalConfig.speed_of_light
+
+
 @dataclass
 class EvalConfig:
     backend: str = "auto"  # "cuda", "cpu", or "auto" (cuda when a GPU is present)
@@ -73,8 +76,8 @@ class EvalConfig:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def resolved_speed_of_light(self, backend: str) -> bool:
-        if self.speed_of_light not in ("cuda", "always", "off"):
-            raise ValueError(f"speed_of_light must be 'cuda', 'always' or 'off', not {self.speed_of_light!r}")
+        if self.speed_of_light not in SPEED_OF_LIGHT_MODES:
+            raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
         return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
 
     def resolved_run_workers(self, backend: str) -> int:

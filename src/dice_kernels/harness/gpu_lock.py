@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, ContextManager, Iterator
 
 _POLL_S = 0.001
 
@@ -45,46 +45,44 @@ def _acquire(fd: int, op: int, deadline: float) -> bool:
             time.sleep(_POLL_S)
 
 
+def _take_shared(lock: int, turnstile: int, deadline: float) -> bool:
+    if not _acquire(turnstile, fcntl.LOCK_EX, deadline):  # queue behind any waiting timer
+        return False
+    fcntl.flock(turnstile, fcntl.LOCK_UN)
+    return _acquire(lock, fcntl.LOCK_SH, deadline)
+
+
+def _take_exclusive(lock: int, turnstile: int, deadline: float) -> bool:
+    # the turnstile stays held until release, so correctness calls that arrive meanwhile wait
+    return _acquire(turnstile, fcntl.LOCK_EX, deadline) and _acquire(lock, fcntl.LOCK_EX, deadline)
+
+
 @contextmanager
-def _files(prefix: str) -> Iterator[tuple[int, int]]:
+def _holding(prefix: str | None, wait_s: float, take: Callable[[int, int, float], bool]) -> Iterator[Hold]:
+    if not prefix:
+        yield Hold(False)
+        return
+    start = time.monotonic()
     # read-only opens: flock needs no write access, and a worker may write only inside its own directory
     lock = os.open(f"{prefix}.lock", os.O_RDONLY | os.O_CLOEXEC)
     turnstile = os.open(f"{prefix}.turnstile", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        yield lock, turnstile
+        held = take(lock, turnstile, start + wait_s)
+        yield Hold(held, time.monotonic() - start)
     finally:
         os.close(lock)  # closing releases any flock still held
         os.close(turnstile)
 
 
-@contextmanager
-def shared(prefix: str | None, wait_s: float = 60.0) -> Iterator[Hold]:
+def shared(prefix: str | None, wait_s: float = 60.0) -> ContextManager[Hold]:
     """Use the device alongside other correctness calls, never during another worker's timing loop. Yields a
     `Hold`: not held without a lock, or when `wait_s` passed (the call then goes ahead anyway, since a
     correctness call's result does not depend on the device being quiet)."""
-    if not prefix:
-        yield Hold(False)
-        return
-    start = time.monotonic()
-    deadline = start + wait_s
-    with _files(prefix) as (lock, turnstile):
-        held = _acquire(turnstile, fcntl.LOCK_EX, deadline)  # queue behind any waiting timer
-        if held:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-            held = _acquire(lock, fcntl.LOCK_SH, deadline)
-        yield Hold(held, time.monotonic() - start)
+    return _holding(prefix, wait_s, _take_shared)
 
 
-@contextmanager
-def exclusive(prefix: str | None, wait_s: float = 120.0) -> Iterator[Hold]:
+def exclusive(prefix: str | None, wait_s: float = 120.0) -> ContextManager[Hold]:
     """Have the device alone: wait for running correctness calls to end, hold new ones back, then yield a
     `Hold` (not held without a lock or after `wait_s`, e.g. behind a hung call: timing goes ahead, contended,
     and the caller records it)."""
-    if not prefix:
-        yield Hold(False)
-        return
-    start = time.monotonic()
-    deadline = start + wait_s
-    with _files(prefix) as (lock, turnstile):
-        held = _acquire(turnstile, fcntl.LOCK_EX, deadline) and _acquire(lock, fcntl.LOCK_EX, deadline)
-        yield Hold(held, time.monotonic() - start)
+    return _holding(prefix, wait_s, _take_exclusive)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -131,6 +131,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self.gpu_lock = gpu_lock.create(self.scratch / "gpu")
         self._ceilings_lock = threading.Lock()
+        self.ceilings = self._read_ceilings().get(self._ceilings_key(), {})  # dtype -> Ceilings, cached across runs
 
     # --- hardware ceilings (speed of light) ------------------------------------------------------------------
 
@@ -140,31 +141,32 @@ class Evaluator:
     def _ceilings_key(self) -> str:
         return f"{self.platform.backend}|{self.platform.hardware}|torch {self.platform.torch_version}"
 
-    def ceilings(self) -> dict[str, Ceilings]:
-        """Measured ceilings of this machine per dtype, cached across runs in the build cache's folder (measuring
+    def _read_ceilings(self) -> dict[str, dict[str, Ceilings]]:
+        """Measured ceilings per machine key and dtype, cached across runs in the build cache's folder (measuring
         takes seconds on a GPU: a 1 GiB copy and an 8192^3 matmul)."""
         try:
-            cached = json.loads(self._ceilings_file().read_text()).get(self._ceilings_key(), {})
-            return {dtype: Ceilings(**c) for dtype, c in cached.items()}
-        except (OSError, ValueError, TypeError):
+            everything = json.loads(self._ceilings_file().read_text())
+            return {key: {dtype: Ceilings(**c) for dtype, c in per_dtype.items()}
+                    for key, per_dtype in everything.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
             return {}
 
-    def remember_ceilings(self, dtype: str, ceilings: dict) -> None:
-        """Merge a measurement into the cache. Ceilings only ever go up: every measurement is a rate the machine
+    def remember_ceilings(self, dtype: str, measured: list[dict]) -> None:
+        """Merge measurements into the cache. Ceilings only ever go up: every measurement is a rate the machine
         reached, so the highest one seen is the tightest valid bound, and one taken under load cannot lower it."""
         with self._ceilings_lock:
-            path = self._ceilings_file()
-            try:
-                everything = json.loads(path.read_text())
-            except (OSError, ValueError):
-                everything = {}
+            everything = self._read_ceilings()  # again: another run may have written since this one started
             known = everything.setdefault(self._ceilings_key(), {})
-            old = known.get(dtype, {})
-            known[dtype] = {**ceilings, **{k: max(v, old.get(k, 0.0)) for k, v in ceilings.items()
-                                           if isinstance(v, (int, float))}}
+            for c in (Ceilings(**m) for m in measured):
+                old = known.get(dtype, c)
+                known[dtype] = Ceilings(max(old.bandwidth_bytes_s, c.bandwidth_bytes_s),
+                                        max(old.peak_flops, c.peak_flops), dtype)
+            self.ceilings = known
+            path = self._ceilings_file()
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(everything, indent=1))
+            tmp.write_text(json.dumps({key: {d: asdict(c) for d, c in per_dtype.items()}
+                                       for key, per_dtype in everything.items()}, indent=1))
             os.replace(tmp, path)
 
     def warm_up(self) -> None:
@@ -239,7 +241,7 @@ class Evaluator:
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
                and role == "reference",
-               "ceilings_known": sorted(self.ceilings()) if mode == "run" and role == "reference" else [],
+               "ceilings_known": sorted(self.ceilings) if mode == "run" and role == "reference" else [],
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -603,7 +605,7 @@ def _compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
 def _speed_of_light_fields(ev: Evaluator, ref: _Reference, cand: TimingSamples) -> dict:
     """The task's speed-of-light bound against the candidate's reported time, when the reference reported the
     task's FLOPs and bytes and this machine's ceilings for its dtype are known; {} otherwise."""
-    c = ev.ceilings().get(ref.sol.get("dtype", ""))
+    c = ev.ceilings.get(ref.sol.get("dtype", ""))
     if c is None:
         return {}
     sol_ms = speed_of_light_ms(ref.sol["bytes"], ref.sol["flops"], c.bandwidth_bytes_s, c.peak_flops)
