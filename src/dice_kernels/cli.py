@@ -52,7 +52,8 @@ def eval_cmd(
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
     compile_baseline: bool = typer.Option(False, "--compile-baseline", help="Also time torch.compile(Model) per task and report speedups and fast_p against it (compiling costs seconds to minutes per task)."),
-    speed_of_light: str = typer.Option("cuda", "--speed-of-light", help="cuda | always | off. Quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes at measured bandwidth, FLOPs at measured peak): it keeps its outcome but gets no speedup and the flag faster_than_light. 'cuda': on the CUDA backend only, where the bound is reliable (docs/timing.md)."),
+    speed_of_light: str = typer.Option("cuda", "--speed-of-light", help="cuda | always | off. Quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes moved at the measured memory bandwidth): it keeps its outcome but gets no speedup and the flag faster_than_light. Beating the reference's FLOPs at the measured peak only adds the flag fewer_flops_than_reference. 'cuda': on the CUDA backend only, where the bound is reliable (docs/timing.md)."),
+    baselines: str = typer.Option("reuse", "--baselines", help="reuse | fresh | off. Reference timings (eager, torch.compile) and speed-of-light inputs are cached per task, machine, torch version and timing settings in the cache folder's baselines.sqlite: 'reuse' a cached one (the reference still runs for its outputs, untimed), 'fresh' measures again and replaces it, 'off' measures and caches nothing."),
     fast_build: bool = typer.Option(True, "--fast-build/--no-fast-build", help="Precompile torch/extension.h for C++ units and try CUDA units without it first (falls back to the candidate's own sources; docs/harness.md)."),
     robust: bool = typer.Option(True, "--robust/--no-robust", help="Run the robust check: correct candidates caught by an integrity check become `deceptive` (docs/robust_check.md)."),
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
@@ -73,7 +74,7 @@ def eval_cmd(
     cuda_memory_error, runtime_error, timeout, shape_mismatch, value_mismatch, deceptive or harness_error.
     """
     from dice_kernels.harness import EvalConfig, evaluate, load_candidate
-    from dice_kernels.harness.config import SPEED_OF_LIGHT_MODES
+    from dice_kernels.harness.config import BASELINE_MODES, SPEED_OF_LIGHT_MODES
     from dice_kernels.harness.candidate import pair_solutions
     from dice_kernels.tasks import TaskError, load_task_file, load_tasks
 
@@ -81,9 +82,12 @@ def eval_cmd(
                         timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
-                        run_workers=run_workers, warm_workers=warm_workers)
-    if speed_of_light not in SPEED_OF_LIGHT_MODES:
-        _fail(f"--speed-of-light takes cuda, always or off, not {speed_of_light!r}")
+                        baselines=baselines, run_workers=run_workers, warm_workers=warm_workers)
+    try:
+        config.check()
+    except ValueError as e:
+        _fail(f"{e} (--speed-of-light takes {', '.join(SPEED_OF_LIGHT_MODES)}; --baselines takes "
+              f"{', '.join(BASELINE_MODES)})")
     bad_ops = [op for op in allow_op if not op.startswith("aten::")]
     if bad_ops:
         _fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad_ops)}")

@@ -16,6 +16,7 @@ def default_cache_dir() -> Path:
 
 
 SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # EvalConfig.speed_of_light
+BASELINE_MODES = ("reuse", "fresh", "off")  # EvalConfig.baselines
 
 
 @dataclass
@@ -35,13 +36,19 @@ class EvalConfig:
     # also time torch.compile(Model) in each task's reference worker and report speedups and fast_p against it
     # (KernelBench's second baseline); off by default: compiling costs seconds to minutes per task
     compile_baseline: bool = False
-    # quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes at the measured memory
-    # bandwidth, FLOPs at the measured peak) by more than `sol_slack`: the result keeps its outcome, loses its
-    # speedup and is flagged `faster_than_light` (docs/timing.md). "cuda": on the CUDA backend only (a CPU's
-    # caches and load make a measured bandwidth a poor bound: compiles running beside the measurement cut it
-    # 17x here); "always"; "off"
+    # quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes moved at the measured
+    # memory bandwidth) by more than `sol_slack`: the result keeps its outcome, loses its speedup and is flagged
+    # `faster_than_light`; beating the reference's FLOPs at the measured peak is flagged
+    # `fewer_flops_than_reference` and keeps its speedup (an algorithm may need fewer FLOPs; docs/timing.md).
+    # "cuda": on the CUDA backend only (a CPU's caches and load make a measured bandwidth a poor bound: compiles
+    # running beside the measurement cut it 17x here); "always"; "off"
     speed_of_light: str = "cuda"
     sol_slack: float = 0.9
+    # reference baselines (eager and torch.compile timings, speed-of-light inputs) cached across runs per task,
+    # machine, torch version and timing settings in <cache_dir>/baselines.sqlite (harness/baselines.py):
+    # "reuse" a cached one (the reference still runs, untimed, for its outputs) or measure and cache it; "fresh":
+    # measure again and replace the cached one; "off": measure, cache nothing
+    baselines: str = "reuse"
     jobs: int = max(1, (os.cpu_count() or 2))  # parallel compiles
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
@@ -76,9 +83,14 @@ class EvalConfig:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def resolved_speed_of_light(self, backend: str) -> bool:
+        return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
+
+    def check(self) -> None:
+        """Raise ValueError naming the first setting that has no meaning."""
         if self.speed_of_light not in SPEED_OF_LIGHT_MODES:
             raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
-        return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
+        if self.baselines not in BASELINE_MODES:
+            raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
 
     def resolved_run_workers(self, backend: str) -> int:
         if self.run_workers > 0:

@@ -26,6 +26,7 @@ import torch
 
 from dice_kernels import __version__
 from dice_kernels.harness import gpu_lock, sandbox
+from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.build_speed import build_pch, plan_pch, ready_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
@@ -35,7 +36,8 @@ from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
 from dice_kernels.harness.tensor_stream import read_trials
 from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time_ms, faster_than_light,
-                                         reference_time_ms, speed_of_light_ms, speedup_interval, stream_escape)
+                                         reference_flops_ms, reference_time_ms, speed_of_light_ms, speedup_interval,
+                                         stream_escape)
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
@@ -106,6 +108,7 @@ class _Reference:
     wall_s: float = 0.0
     compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
     sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
+    baseline_from: str = ""  # when the timing above was measured, if it came from the baseline cache ("" = now)
 
 
 @dataclass
@@ -132,6 +135,7 @@ class Evaluator:
         self.gpu_lock = gpu_lock.create(self.scratch / "gpu")
         self._ceilings_lock = threading.Lock()
         self.ceilings = self._read_ceilings().get(self._ceilings_key(), {})  # dtype -> Ceilings, cached across runs
+        self.baselines = BaselineStore(self.config.cache_dir / "baselines.sqlite")
 
     # --- hardware ceilings (speed of light) ------------------------------------------------------------------
 
@@ -217,7 +221,8 @@ class Evaluator:
         return worker or self._start_worker()
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
-                    writable_build: bool, timeout_s: float, lead_ms: float | None = None) -> _WorkerReport:
+                    writable_build: bool, timeout_s: float, lead_ms: float | None = None,
+                    baseline_cached: bool = False) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
         workdir = worker.workdir
@@ -242,6 +247,7 @@ class Evaluator:
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
                and role == "reference",
                "ceilings_known": sorted(self.ceilings) if mode == "run" and role == "reference" else [],
+               "baseline_cached": baseline_cached,
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -309,13 +315,13 @@ class Evaluator:
 
     # --- run ----------------------------------------------------------------------------------------------
 
-    def run(self, task: Task, code: str | None, build_dir: Path | None,
-            lead_ms: float | None = None) -> tuple[dict, list | None]:
+    def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
+            baseline_cached: bool = False) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
-        None)."""
+        None). A reference whose baseline is cached runs untimed."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
-                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms)
+                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached)
         outputs = None
         res = rep.result
         if res is None:
@@ -330,20 +336,47 @@ class Evaluator:
         return res, outputs
 
     def reference(self, task: Task) -> _Reference:
+        """Run the task's Model for its outputs, and time it unless its baseline is cached (EvalConfig.baselines)."""
         start = time.monotonic()
-        res, outputs = self.run(task, None, None)
+        cfg = self.config
+        key = baseline_key(task.sha256, self._ceilings_key(), cfg) if cfg.timing else ""
+        cached = self._cached_baseline(key)
+        res, outputs = self.run(task, None, None, baseline_cached=cached is not None)
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                               wall_s=time.monotonic() - start)
-        trials, timing = _split(outputs, self.config.trials)
-        cfg = self.config
+        trials, timing = _split(outputs, cfg.trials)
+        baseline = cached if cached is not None else self._measured_baseline(key, task, res)
+        return _Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
+                          sol=baseline.sol, compile_baseline=baseline.compile_baseline,
+                          baseline_from=cached.measured_at if cached else "",
+                          degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
+                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start)
+
+    def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
+        """The baseline a timed reference run reported; stored for later runs unless EvalConfig.baselines is "off"
+        or the timed loop could not have the device alone."""
         sol = dict(res.get("speed_of_light") or {})
         if "ceilings" in sol:
             self.remember_ceilings(sol["dtype"], sol.pop("ceilings"))
-        return _Reference(trials, res.get("time_ms"), timing=_timing_fields(res), timing_outputs=timing, sol=sol,
-                          degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
-                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start,
-                          compile_baseline=res.get("compile_baseline") or {})
+        measured = Baseline({**_timing_fields(res), "time_ms": res.get("time_ms")}, res.get("compile_baseline") or {},
+                            sol)
+        if key and self.config.baselines != "off" and measured.timing.get("device_exclusive") is not False:
+            self.baselines.put(key, task.sha256, self._ceilings_key(), measured)
+        return measured
+
+    def _cached_baseline(self, key: str) -> Baseline | None:
+        """The task's cached baseline when the run may reuse one: not with EvalConfig.baselines "fresh" or "off",
+        and not when the speed-of-light bound would need this machine's ceilings for a dtype not cached yet (a
+        fresh reference run measures them)."""
+        if not key or self.config.baselines != "reuse":
+            return None
+        cached = self.baselines.get(key)
+        if cached is None or not cached.timing.get("time_ms"):
+            return None
+        if cached.sol and cached.sol.get("dtype") not in self.ceilings:
+            return None
+        return cached
 
     def close(self) -> None:
         with self._ready_lock:
@@ -420,6 +453,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
     pairs already in that database are not evaluated again. Identical (task, code) pairs are evaluated once.
     """
+    config.check()
     backend = config.resolved_backend()
     plat = Platform.detect(backend)
     store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
@@ -547,6 +581,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
     extra["task_degenerate"] = ref.degenerate
+    extra["reference_baseline"] = {"cached": bool(ref.baseline_from), "measured_at": ref.baseline_from or None}
     if outputs is None:
         outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
         return _result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
@@ -574,6 +609,8 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
             flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
         extra.update(_compile_baseline_fields(ref.compile_baseline, cand_t))
         bound = _speed_of_light_fields(ev, ref, cand_t) if cfg.resolved_speed_of_light(ev.platform.backend) else {}
+        if bound.get("fewer_flops_than_reference"):  # a shortcut or a skipped computation: for a reader to judge
+            flags.append("fewer_flops_than_reference")
         if bound.get("faster_than_light"):  # quarantined: right outputs, but a time the hardware cannot deliver
             flags.append("faster_than_light")
             bound["quarantined_speedup"], speedup = speedup, None
@@ -603,14 +640,18 @@ def _compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
 
 
 def _speed_of_light_fields(ev: Evaluator, ref: _Reference, cand: TimingSamples) -> dict:
-    """The task's speed-of-light bound against the candidate's reported time, when the reference reported the
-    task's FLOPs and bytes and this machine's ceilings for its dtype are known; {} otherwise."""
+    """The task's speed-of-light bound (minimum bytes at the measured bandwidth) against the candidate's reported
+    time, and the reference's FLOPs at the measured peak, when the reference reported them and this machine's
+    ceilings for its dtype are known; {} otherwise. Only the bound quarantines (timing.speed_of_light_ms)."""
     c = ev.ceilings.get(ref.sol.get("dtype", ""))
     if c is None:
         return {}
-    sol_ms = speed_of_light_ms(ref.sol["bytes"], ref.sol["flops"], c.bandwidth_bytes_s, c.peak_flops)
-    return {"sol_ms": sol_ms, "bytes": ref.sol["bytes"], "flops": ref.sol["flops"], "dtype": ref.sol["dtype"],
-            "faster_than_light": faster_than_light(effective_time_ms(cand), sol_ms, ev.config.sol_slack)}
+    time_ms, slack = effective_time_ms(cand), ev.config.sol_slack
+    sol_ms = speed_of_light_ms(ref.sol["bytes"], c.bandwidth_bytes_s)
+    flops_ms = reference_flops_ms(ref.sol["flops"], c.peak_flops)
+    return {"sol_ms": sol_ms, "reference_flops_ms": flops_ms, "bytes": ref.sol["bytes"], "flops": ref.sol["flops"],
+            "dtype": ref.sol["dtype"], "faster_than_light": faster_than_light(time_ms, sol_ms, slack),
+            "fewer_flops_than_reference": faster_than_light(time_ms, flops_ms, slack)}
 
 
 def _timing_fields(res: dict) -> dict:
