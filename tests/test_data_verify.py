@@ -79,6 +79,31 @@ def test_cuda_pairs_on_cpu_are_unverified_without_calling_the_harness():
     assert all(v.speedup is None and v.outcome == "" for v in out)
 
 
+def test_a_resumed_build_keeps_results_recorded_on_a_gpu_machine(tmp_path):
+    """Verified on the GPU, curated on a CPU machine: recorded results of these exact pairs stand; a changed
+    kernel or a recorded harness error does not count, and nothing is sent to the harness here."""
+    import hashlib
+
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+    from dice_kernels.harness.store import ResultStore
+
+    def recorded(pid: str, kernel: str, outcome: Outcome, speedup=None) -> EvalResult:
+        return EvalResult(task_id=pid, candidate_id=pid, candidate_sha256=hashlib.sha256(kernel.encode()).hexdigest(),
+                          outcome=outcome, correct=outcome is Outcome.CORRECT, speedup=speedup, ref_time_ms=1.0,
+                          backend="cuda", hardware="NVIDIA H200", correctness_trials=5, trials_passed=5)
+
+    store = ResultStore(tmp_path / "results.sqlite")
+    store.put(recorded("fast", CUDA_KERNEL, Outcome.CORRECT, speedup=2.5))
+    store.put(recorded("edited", CUDA_KERNEL, Outcome.CORRECT, speedup=2.5))
+    store.put(recorded("ours_failed", CUDA_KERNEL, Outcome.HARNESS_ERROR))
+    store.close()
+    recs = [rec("fast"), rec("edited", kernel=CUDA_KERNEL + "\n# changed\n"), rec("ours_failed"), rec("new")]
+    out = verify(recs, EvalConfig(backend="cpu"), out_dir=tmp_path, resume=True, evaluate=no_harness)
+    assert out[0].status == VERIFIED and out[0].speedup == 2.5 and out[0].hardware == "NVIDIA H200"
+    assert [v.status for v in out[1:]] == [UNVERIFIED] * 3
+    assert verify(recs[:1], EvalConfig(backend="cpu"), out_dir=tmp_path, evaluate=no_harness)[0].status == UNVERIFIED
+
+
 def test_runnable_pairs_go_to_the_harness_in_one_batch_and_map_back_in_order(tmp_path):
     calls = []
 

@@ -1,7 +1,8 @@
 """Verification: run every pair through the evaluation harness, or mark it `unverified` when it cannot run here.
 
-A CUDA kernel on a machine without a GPU is never guessed at: it is marked unverified with the reason. Everything
-else is handed to `dice_kernels.harness.evaluate` in one batch (correctness trials, robust check, timing).
+A CUDA kernel on a machine without a GPU is never guessed at: it is marked unverified with the reason, unless a
+resumed build's harness database already holds its result (verified on a GPU machine, curated on another).
+Everything else is handed to `dice_kernels.harness.evaluate` in one batch (correctness trials, robust check, timing).
 """
 
 from __future__ import annotations
@@ -60,10 +61,14 @@ def verify(records: list[PairRecord], config, out_dir: Path | None = None, resum
 
     backend = config.resolved_backend()
     results: list[Verification | None] = [None] * len(records)
+    recorded = _recorded_results(out_dir) if out_dir is not None and resume else {}
     runnable = []
     for i, r in enumerate(records):
         marker = cuda_marker(r.kernel)
-        if not r.kernel.strip():
+        sha = hashlib.sha256(r.kernel.encode()).hexdigest()
+        if (r.id, r.id, sha) in recorded:  # this exact pair was evaluated before, maybe on another machine
+            results[i] = from_eval_result(recorded[(r.id, r.id, sha)])
+        elif not r.kernel.strip():
             results[i] = Verification(UNVERIFIED, "no kernel program to verify", backend=backend)
         elif not _EXTENSION_RE.search(r.kernel):
             results[i] = Verification(FAILED, "no custom kernel: the program never builds an extension "
@@ -77,7 +82,7 @@ def verify(records: list[PairRecord], config, out_dir: Path | None = None, resum
             except TaskError as e:
                 results[i] = Verification(FAILED, f"reference is not a usable task: {e}", backend=backend)
                 continue
-            candidate = Candidate(id=r.id, code=r.kernel, raw_sha256=hashlib.sha256(r.kernel.encode()).hexdigest())
+            candidate = Candidate(id=r.id, code=r.kernel, raw_sha256=sha)
             runnable.append((i, task, candidate))
     if runnable:
         if evaluate is None:
@@ -89,3 +94,20 @@ def verify(records: list[PairRecord], config, out_dir: Path | None = None, resum
         for (i, _, _), res in zip(runnable, evals):
             results[i] = from_eval_result(res)
     return results  # type: ignore[return-value]  # every slot is filled above
+
+
+def _recorded_results(out_dir: Path) -> dict:
+    """Results already in the build's harness database by (task id, candidate id, kernel sha256), harness errors
+    left out (they are ours and are tried again, as `evaluate(resume=True)` does)."""
+    path = Path(out_dir) / "results.sqlite"
+    if not path.exists():
+        return {}
+    from dice_kernels.harness.outcomes import Outcome
+    from dice_kernels.harness.store import ResultStore
+
+    store = ResultStore(path)
+    try:
+        return {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()
+                if r.outcome is not Outcome.HARNESS_ERROR}
+    finally:
+        store.close()
