@@ -155,3 +155,15 @@ def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_
     beaten = evaluate_with(1e3)
     assert beaten.speedup is None and "faster_than_light" in beaten.extra["timing_flags"]
     assert beaten.extra["speed_of_light"]["quarantined_speedup"] > 0 and "speedup_ci95" not in beaten.extra
+
+
+@pytest.mark.slow
+def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_pairs):
+    """The worker waits for the parent's verdict on its trials: a wrong candidate is never timed or profiled."""
+    honest = next(p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct")
+    pairs = [honest, (honest[0], candidate_from_text(_model("return x * 2"), id="wrong"))]
+    config = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, cache_dir=build_cache)
+    right, wrong = evaluate(pairs, config, progress=False)
+    assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.extra["phase_s"]
+    assert wrong.outcome is Outcome.VALUE_MISMATCH and wrong.timing_trials == 0 and wrong.cand_time_ms is None
+    assert "run.verdict" in wrong.extra["phase_s"] and "run.timing" not in wrong.extra["phase_s"]

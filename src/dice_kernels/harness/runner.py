@@ -222,7 +222,8 @@ class Evaluator:
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float, lead_ms: float | None = None,
-                    baseline_cached: bool = False) -> _WorkerReport:
+                    baseline_cached: bool = False,
+                    verdict: Callable[[list], bool] | None = None) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
         workdir = worker.workdir
@@ -247,7 +248,7 @@ class Evaluator:
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
                and role == "reference",
                "ceilings_known": sorted(self.ceilings) if mode == "run" and role == "reference" else [],
-               "baseline_cached": baseline_cached,
+               "baseline_cached": baseline_cached, "verdict": verdict is not None,
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -255,7 +256,8 @@ class Evaluator:
         (workdir / "job.json").write_text(json.dumps(job))
         max_bytes = int(cfg.memory_limit_gb * _GIB)
         exit_ = sandbox.supervise(worker, str(workdir / "job.json"), timeout_s=timeout_s, rss_limit_bytes=max_bytes,
-                                  read_data=(lambda f: read_trials(f, max_bytes)) if mode == "run" else None)
+                                  read_data=(lambda f, reply: _read_outputs(f, max_bytes, verdict, reply))
+                                  if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
         if result_file.exists():
@@ -316,12 +318,15 @@ class Evaluator:
     # --- run ----------------------------------------------------------------------------------------------
 
     def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
-            baseline_cached: bool = False) -> tuple[dict, list | None]:
+            baseline_cached: bool = False,
+            verdict: Callable[[list], bool] | None = None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
-        None). A reference whose baseline is cached runs untimed."""
+        None). A reference whose baseline is cached runs untimed; a candidate given `verdict` is timed and
+        profiled only if `verdict(its trials' outputs)` is true."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
-                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached)
+                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached,
+                               verdict=verdict)
         outputs = None
         res = rep.result
         if res is None:
@@ -386,6 +391,24 @@ class Evaluator:
 
 
 _NO_TASK = Task(id="-", name="-", code="")
+
+
+def _read_outputs(f, max_bytes: int, verdict: Callable[[list], bool] | None,
+                  reply: Callable[[bytes], None]) -> list | None:
+    """A run worker's two frames: the correctness trials' outputs and then, with timing on, the re-checked call's.
+    With `verdict`, the worker waits between them for the verdict on the trials (b"time" or b"stop")."""
+    trials = read_trials(f, max_bytes)
+    if trials is None:
+        return None
+    if verdict is not None:
+        go = False
+        try:
+            go = verdict(trials)
+        finally:  # a worker left waiting would only run into its deadline
+            reply(b"time\n" if go else b"stop\n")
+    used = sum(t.numel() * t.element_size() for trial in trials for t in trial)
+    rest = read_trials(f, max_bytes - used)
+    return trials + (rest or [])
 
 
 def _split(outputs: list, trials: int) -> tuple[list, list | None]:
@@ -575,7 +598,13 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
     start = time.monotonic()
-    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"))
+    early: dict[str, Comparison] = {}
+
+    def trials_right(trials: list) -> bool:  # in the reader thread, while the worker waits: time only what is right
+        early["cmp"] = compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
+        return early["cmp"].outcome is Outcome.CORRECT
+
+    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), verdict=trials_right)
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)
@@ -588,7 +617,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        deceptive_kind=res.get("deceptive_kind", ""), correctness_trials=cfg.trials,
                        extra={**extra, "phase": res.get("phase", "")}, **base)
     trials, timing_outputs = _split(outputs, cfg.trials)
-    cmp = compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
+    cmp = early.get("cmp") or compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
     outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
     if cfg.robust:
         findings, deceptive = _robust_check(cfg, ref, cmp, trials, timing_outputs, res.get("findings", []))

@@ -254,20 +254,31 @@ def discard(worker: Started) -> None:
 
 
 def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: int | None = None,
-              read_data: Callable[[BinaryIO], object] | None = None) -> WorkerExit:
+              read_data: Callable[[BinaryIO, Callable[[bytes], None]], object] | None = None) -> WorkerExit:
     """Hand `worker` its job path and run it to completion; kill its whole process group on timeout or when its
     RSS passes the limit. The deadline counts from the hand-over.
 
-    With `read_data`, `read_data(output pipe)` runs concurrently in the parent; its return value (or exception)
-    lands in `.data`. Without it the pipe is closed, and a worker writing to it gets EPIPE.
+    With `read_data`, `read_data(output pipe, reply)` runs concurrently in the parent; its return value (or
+    exception) lands in `.data`, and `reply(line)` sends the worker a line on the stdin it got its job from (the
+    worker keeps that pipe to itself). Without it the pipe is closed, and a worker writing to it gets EPIPE.
     """
     begin = time.monotonic()
     proc = worker.proc
     try:
         proc.stdin.write(job.encode() + b"\n")
-        proc.stdin.close()
+        proc.stdin.flush()
+        if read_data is None:
+            proc.stdin.close()
     except OSError:  # it died while waiting: supervision below records how
         pass
+
+    def reply(line: bytes) -> None:
+        try:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+        except (OSError, ValueError):  # gone (or stdin closed): its exit says why
+            pass
+
     readers = (_CappedReader(), _CappedReader())
     threads = [threading.Thread(target=r.drain, args=(s,), daemon=True)
                for r, s in zip(readers, (proc.stdout, proc.stderr))]
@@ -276,7 +287,7 @@ def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: i
         def _read() -> None:
             with os.fdopen(worker.pipe_r, "rb") as f:
                 try:
-                    data["value"] = read_data(f)
+                    data["value"] = read_data(f, reply)
                 except Exception as e:  # noqa: BLE001 - the worker controls these bytes
                     data["error"] = e
                     for _ in iter(lambda: f.read(1 << 20), b""):  # keep draining (in bounded chunks) so the
@@ -302,6 +313,10 @@ def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: i
     _kill_group(proc)  # children a candidate may have left behind in its session
     for t in threads:
         t.join(timeout=5)
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
     return WorkerExit(proc.returncode, timed_out, memory_exceeded, time.monotonic() - begin,
                       readers[0].text(), readers[1].text(), peak, data.get("value"), data.get("error"))
 

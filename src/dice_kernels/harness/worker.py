@@ -72,6 +72,9 @@ class Job:
     # reference role: the parent has this task's baseline (harness/baselines.py), so nothing is timed; the
     # worker still computes the trials and the re-checked call's outputs, which are never cached
     baseline_cached: bool = False
+    # candidate role: after the trials, wait for the parent's verdict on their outputs; only candidates whose
+    # trials are right are timed and profiled (nothing about a wrong one depends on its time or GPU share)
+    verdict: bool = False
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -429,12 +432,27 @@ class _PhaseClock:
         self._last = now
 
 
-def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
+def _await_verdict(control_fd: int) -> bool:
+    """The parent's verdict on the trials' outputs, a line on the job pipe: b"time" (they are right: time and
+    profile the model) or anything else, EOF included (stop)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(control_fd, 64)
+        if not chunk:
+            break
+        line += chunk
+    return line.strip() == b"time"
+
+
+def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int) -> dict:
+    """Run the reference or the candidate: trials, then (for a candidate, only if the parent says its trials are
+    right) timing and the GPU-share profile. Outputs go to the parent in two frames, the trials first."""
     import torch
 
     from dice_kernels.harness.integrity import tensors_in
 
     phase, spent = "import", _PhaseClock()
+    stream = os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb")
     try:
         if job.device.startswith("cuda"):
             torch.zeros(1, device=job.device)  # the CUDA context, so its cost shows as its own phase
@@ -483,14 +501,21 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
             if monitor:
                 monitor.check_globals("after forward")
             spent.lap("trials")
+            write_trials(stream, outputs)
+            stream.flush()
+            spent.lap("send")
+            wanted = not job.verdict or _await_verdict(control_fd)
+            if job.verdict:
+                spent.lap("verdict")
             timing = {}
-            if job.timing and job.baseline_cached:  # the parent has this reference's times: only its outputs
+            # a reference whose baseline the parent has cached computes only the re-checked call's outputs
+            if wanted and job.timing and job.baseline_cached:
                 inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
                 last, waited_s = _checked_call(model, task, inputs, where, job, monitor, [])
                 spent.waited_s += waited_s
                 outputs.append(last)
                 spent.lap("checked_call")
-            elif job.timing:
+            elif wanted and job.timing:
                 phase = "timing"
                 inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
                 timing, last = _time_forward(model, task, inputs, where, job, monitor, _nbytes(outputs[0]))
@@ -505,14 +530,13 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
                 if job.speed_of_light and job.role == "reference":
                     timing["speed_of_light"] = _speed_of_light(model, inputs, outputs[0], job)
                     spent.lap("speed_of_light")
-            if monitor and job.device.startswith("cuda") and monitor.ext_calls:
+            if wanted and monitor and job.device.startswith("cuda") and monitor.ext_calls:
                 with gpu_lock.shared(job.gpu_lock) as hold:
                     monitor.check_gpu_share(model, inputs)
                 spent.waited_s += hold.waited_s
                 spent.lap("gpu_share")
-        with os.fdopen(int(os.environ.pop(OUTPUT_FD_ENV)), "wb") as stream:
-            write_trials(stream, outputs)
-        spent.lap("send")
+        write_trials(stream, outputs[job.trials:])  # the re-checked call after the timed loop, if there was one
+        stream.flush()
         report = {"status": "ok", "trials": len(outputs),
                   "phase_s": {**spent.laps, "device_lock_wait": round(spent.waited_s, 4)}, **timing}
         if monitor:
@@ -526,6 +550,11 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None) -> dict:
         err = _classify(e, phase, log)
         return {"status": "error", "kind": err.kind, "phase": err.phase, "error": err.message,
                 "deceptive_kind": err.deceptive_kind}
+    finally:
+        try:
+            stream.close()
+        except OSError:  # the parent stopped reading: its report says why
+            pass
 
 
 def _monitor(job: Job) -> Monitor | None:
@@ -555,6 +584,7 @@ def build(job: Job, log: BuildLog) -> dict:
 def main() -> None:
     # Started ahead of its job (sandbox.Started): everything above is imported by now; the job path comes on stdin.
     job_path = sys.stdin.readline().strip()
+    control_fd = os.dup(0)  # the parent's later word (run_model's verdict), kept off fd 0 and out of children
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if not job_path:  # the parent discarded this worker
         os._exit(0)
@@ -569,7 +599,7 @@ def main() -> None:
     if job.mode == "build":
         result = build(job, log)
     else:
-        result = run_model(job, log, monitor)
+        result = run_model(job, log, monitor, control_fd)
         result["phase_s"] = {"setup": setup_s, **result.get("phase_s", {})}
     result.update(built=log.built, compile_s=log.compile_s, build_shortcuts=log.shortcuts, sandbox=notes)
     # Written last and atomically: a worker that dies earlier leaves no result and the parent says so.
