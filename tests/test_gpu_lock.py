@@ -1,6 +1,6 @@
 """The device lock between concurrent run workers (harness/gpu_lock.py): correctness calls share the device,
-a timing loop waits for them and holds new ones back, and nobody waits forever behind a hung holder. Real
-processes, real flocks."""
+a timing loop waits for them and holds new ones back, and nobody waits forever behind a hung holder; every
+evaluation on one device takes the same lock. Real processes, real flocks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 import time
 
 from dice_kernels.harness import gpu_lock
+from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.runner import Evaluator, Platform, device_lock_key
 
 HOLD = """
 import sys, time
@@ -87,3 +89,29 @@ def test_nobody_waits_forever_behind_a_hung_holder(tmp_path):
         assert alone
     with gpu_lock.shared(None) as held:
         assert not held
+
+
+def test_evaluations_on_one_device_take_one_lock(tmp_path, monkeypatch):
+    """Two runs on one device (here the CPU) keep out of each other's timing loops: same lock, own scratch."""
+    a, b = (Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path / name), Platform.detect("cpu"))
+            for name in ("a", "b"))
+    try:
+        assert a.gpu_lock == b.gpu_lock and a.scratch != b.scratch
+        assert os.path.basename(os.path.dirname(a.gpu_lock)) == f"dice-kernels-{os.getuid()}"
+    finally:
+        a.close()
+        b.close()
+    gpu = Platform("cuda", "NVIDIA H200", "9.0", "2.11.0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_lock_key(gpu) == "cuda-0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert device_lock_key(gpu) == "cuda-1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2c/../x")
+    assert device_lock_key(gpu) == "cuda-GPU-8f2c_.._x"  # a file name, never a path
+
+
+def test_a_shared_folder_open_to_others_is_not_used(tmp_path):
+    folder = tmp_path / f"dice-kernels-{os.getuid()}"
+    assert gpu_lock.machine_prefix("cpu", root=tmp_path) == folder / "device-cpu"
+    folder.chmod(0o777)
+    assert gpu_lock.machine_prefix("cpu", root=tmp_path) is None

@@ -1,11 +1,13 @@
-"""Who may use the device when, across one evaluation's concurrent run workers: correctness calls share it, a
-timing loop has it alone. A readers-writer lock on two files (`flock`), with writer priority through a
-turnstile so a steady stream of correctness calls cannot starve a timing loop."""
+"""Who may use the device when, across the concurrent run workers of every evaluation on the machine: correctness
+calls share it, a timing loop has it alone. A readers-writer lock on two files (`flock`), with writer priority
+through a turnstile so a steady stream of correctness calls cannot starve a timing loop."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +26,22 @@ class Hold:
 
     def __bool__(self) -> bool:
         return self.held
+
+
+def machine_prefix(device_key: str, root: str | Path | None = None) -> Path | None:
+    """The lock prefix every evaluation of this user on this machine uses for one device (`device_key`, e.g.
+    "cuda-0"), so two runs on one GPU keep out of each other's timing loops too: <tmp>/dice-kernels-<uid>/. None
+    when that folder is not safely this user's alone (another owner, or open to others): the caller then keeps a
+    lock of its own."""
+    folder = Path(root if root is not None else tempfile.gettempdir()) / f"dice-kernels-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return folder / f"device-{device_key}"
 
 
 def create(prefix: Path) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -59,6 +60,15 @@ class Platform:
             name, arch = _gpu_name_and_arch()
             return cls("cuda", name, arch, torch.__version__)
         return cls("cpu", _cpu_name(), "", torch.__version__)
+
+
+def device_lock_key(platform: Platform) -> str:
+    """The device an evaluation's workers use, named as every evaluation on this machine names it: "cpu", or
+    "cuda-" plus the first entry of CUDA_VISIBLE_DEVICES (an index or a UUID; "0" when unset)."""
+    if platform.backend != "cuda":
+        return "cpu"
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    return "cuda-" + re.sub(r"[^A-Za-z0-9_.-]", "_", first)
 
 
 def _gpu_name_and_arch() -> tuple[str, str]:
@@ -132,7 +142,9 @@ class Evaluator:
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.gpu_lock = gpu_lock.create(self.scratch / "gpu")
+        # shared with every other evaluation on this device (a private one if the shared folder is unsafe)
+        shared = gpu_lock.machine_prefix(device_lock_key(self.platform))
+        self.gpu_lock = gpu_lock.create(shared or self.scratch / "gpu")
         self._ceilings_lock = threading.Lock()
         self.ceilings = self._read_ceilings().get(self._ceilings_key(), {})  # dtype -> Ceilings, cached across runs
         self.baselines = BaselineStore(self.config.cache_dir / "baselines.sqlite")
