@@ -167,3 +167,25 @@ def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_p
     assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.extra["phase_s"]
     assert wrong.outcome is Outcome.VALUE_MISMATCH and wrong.timing_trials == 0 and wrong.cand_time_ms is None
     assert "run.verdict" in wrong.extra["phase_s"] and "run.timing" not in wrong.extra["phase_s"]
+
+
+def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
+    """A worker waiting for the verdict must never be left to its deadline: garbage gets "stop" and the error."""
+    import io
+
+    import torch
+
+    from dice_kernels.harness.runner import _read_outputs
+    from dice_kernels.harness.tensor_stream import StreamError, write_trials
+
+    said = []
+    with pytest.raises(StreamError):
+        _read_outputs(io.BytesIO(b"not a tensor stream"), 1 << 20, lambda trials: True, said.append)
+    assert said == [b"stop\n"]
+    good = io.BytesIO()
+    write_trials(good, [[torch.ones(3)]])
+    write_trials(good, [[torch.zeros(3)]])
+    good.seek(0)
+    said.clear()
+    outputs = _read_outputs(good, 1 << 20, lambda trials: bool(trials[0][0].sum() == 3), said.append)
+    assert said == [b"time\n"] and len(outputs) == 2 and outputs[1][0].sum() == 0

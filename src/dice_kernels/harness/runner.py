@@ -409,14 +409,14 @@ def _read_outputs(f, max_bytes: int, verdict: Callable[[list], bool] | None,
                   reply: Callable[[bytes], None]) -> list | None:
     """A run worker's two frames: the correctness trials' outputs and then, with timing on, the re-checked call's.
     With `verdict`, the worker waits between them for the verdict on the trials (b"time" or b"stop")."""
-    trials = read_trials(f, max_bytes)
-    if trials is None:
-        return None
-    if verdict is not None:
-        go = False
-        try:
-            go = verdict(trials)
-        finally:  # a worker left waiting would only run into its deadline
+    go = False
+    try:
+        trials = read_trials(f, max_bytes)
+        if trials is None:
+            return None
+        go = verdict is None or verdict(trials)
+    finally:  # always answer, unreadable trials included: a worker left waiting would only run into its deadline
+        if verdict is not None:
             reply(b"time\n" if go else b"stop\n")
     used = sum(t.numel() * t.element_size() for trial in trials for t in trial)
     rest = read_trials(f, max_bytes - used)
