@@ -97,17 +97,14 @@ def verify(records: list[PairRecord], config, out_dir: Path | None = None, resum
 
 
 def _recorded_results(out_dir: Path) -> dict:
-    """Results already in the build's harness database by (task id, candidate id, kernel sha256), harness errors
-    left out (they are ours and are tried again, as `evaluate(resume=True)` does)."""
+    """Results already in the build's harness database, as `evaluate(resume=True)` keeps them."""
     path = Path(out_dir) / "results.sqlite"
     if not path.exists():
         return {}
-    from dice_kernels.harness.outcomes import Outcome
     from dice_kernels.harness.store import ResultStore
 
     store = ResultStore(path)
     try:
-        return {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()
-                if r.outcome is not Outcome.HARNESS_ERROR}
+        return store.finished()
     finally:
         store.close()

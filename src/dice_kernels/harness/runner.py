@@ -38,7 +38,7 @@ from dice_kernels.harness.store import ResultStore
 from dice_kernels.harness.tensor_stream import read_trials
 from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time_ms, faster_than_light,
                                          reference_flops_ms, reference_time_ms, speed_of_light_ms, speedup_interval,
-                                         stream_escape)
+                                         stream_escape, tensor_bytes)
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
@@ -418,8 +418,7 @@ def _read_outputs(f, max_bytes: int, verdict: Callable[[list], bool] | None,
     finally:  # always answer, unreadable trials included: a worker left waiting would only run into its deadline
         if verdict is not None:
             reply(b"time\n" if go else b"stop\n")
-    used = sum(t.numel() * t.element_size() for trial in trials for t in trial)
-    rest = read_trials(f, max_bytes - used)
+    rest = read_trials(f, max_bytes - tensor_bytes(trials))
     return trials + (rest or [])
 
 
@@ -496,9 +495,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
         store.set_meta("platform", plat.__dict__)
     done: dict[tuple[str, str, str], EvalResult] = {}
-    if store and resume:  # harness errors are ours (or transient), so a resumed run tries them again
-        done = {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in store.all()
-                if r.outcome is not Outcome.HARNESS_ERROR}
+    if store and resume:
+        done = store.finished()
     ev = Evaluator(config, plat)
     results: list[EvalResult | None] = [None] * len(pairs)
     base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,

@@ -8,7 +8,7 @@ import sqlite3
 from dataclasses import fields
 from pathlib import Path
 
-from dice_kernels.harness.outcomes import EvalResult
+from dice_kernels.harness.outcomes import EvalResult, Outcome
 
 _COLUMNS = [f.name for f in fields(EvalResult)]
 
@@ -38,6 +38,12 @@ class ResultStore:
         """(task_id, candidate_id, candidate_sha256) of every finished evaluation, for --resume."""
         cur = self._db.execute("SELECT task_id, candidate_id, candidate_sha256 FROM results")
         return set(cur.fetchall())
+
+    def finished(self) -> dict[tuple[str, str, str], EvalResult]:
+        """What a resumed run keeps, by (task_id, candidate_id, candidate_sha256): every recorded result except
+        harness errors, which are ours (or transient) and are tried again."""
+        return {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in self.all()
+                if r.outcome is not Outcome.HARNESS_ERROR}
 
     def all(self) -> list[EvalResult]:
         cur = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results ORDER BY rowid")

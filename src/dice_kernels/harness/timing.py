@@ -408,8 +408,9 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     Warm-up calls (`_warm_up`, each after a flush) rotate the input sets and size the GPU lead (unless the plan
     brings one); then each iteration (`_step`) flushes, times one call on the next set with the per-call clock and
     the host clock, and leaves the device and the process quiescent (all streams synchronized, all threads the
-    call started ended) before the next. The host samples are corrected by the step's own overhead: the median host time of no-op
-    steps (same lead), interleaved with the timed ones so the correction follows drifting CPU and GPU clocks.
+    call started ended) before the next. The host samples are corrected by the step's own overhead: the median
+    host time of no-op steps (same lead), interleaved with the timed ones so the correction follows drifting CPU
+    and GPU clocks.
     Stops when min_iters and min_time_s are both reached and the median's relative CI half-width is <=
     target_rel_ci, or at max_iters / max_time_s.
     """
