@@ -44,9 +44,16 @@ def build(
     trials: int = typer.Option(5, help="Correctness trials per pair."),
     timing_iters: int = typer.Option(100, help="Timed runs per pair."),
     jobs: Optional[int] = typer.Option(None, help="Parallel compiles [default: CPU count]."),
+    run_workers: int = typer.Option(0, help="Concurrent run workers (timing stays one at a time) "
+                                    "[default: 4 on CUDA, 1 on CPU]."),
+    memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most output bytes "
+                                          "one worker may send (a task with huge outputs needs more)."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
     limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
+    import_results: Optional[list[Path]] = typer.Option(
+        None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on another GPU or machine) whose "
+                   "results verify reuses (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report."""
@@ -71,14 +78,15 @@ def build(
         sources.append(SourceSpec("mapped", (path,), mapping=mapping))
     if not sources:
         raise typer.BadParameter("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
-    eval_cfg = EvalConfig(backend=backend, trials=trials, timing_iters=timing_iters)
+    eval_cfg = EvalConfig(backend=backend, trials=trials, timing_iters=timing_iters, run_workers=run_workers,
+                          memory_limit_gb=memory_gb)
     if jobs:
         eval_cfg.jobs = jobs
     cfg = CurationConfig(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
         dedupe=DedupeConfig(threshold=near_dup), decontam=DecontamConfig(threshold=overlap),
-        progress=progress, limit=limit)
+        progress=progress, limit=limit, import_results=tuple(import_results or ()))
     console = Console()
     report = run_build(cfg, log=console.log)
     for s in report["stages"]:

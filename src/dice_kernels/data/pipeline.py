@@ -58,6 +58,8 @@ class CurationConfig:
     system_prompt: str | None = SYSTEM_PROMPT
     progress: bool = True
     limit: int | None = None  # first N pairs per source (device time is scarce: ~1 compile per pair)
+    # harness databases of earlier runs (another machine, a shard of this build) whose results verify reuses
+    import_results: tuple[Path, ...] = ()
 
 
 def _sha_file(path: Path) -> str:
@@ -146,8 +148,28 @@ def split_stage(records: list[PairRecord]) -> tuple[list[PairRecord], list[Decis
 
 
 def _eval_settings(eval_cfg) -> dict:
-    # jobs and cache_dir change with the machine, not the result, so they stay out of the fingerprint.
-    return {k: v for k, v in asdict(eval_cfg).items() if k not in ("jobs", "cache_dir")}
+    # what changes with the machine, not the result, stays out of the fingerprint
+    machine = ("jobs", "cache_dir", "run_workers", "memory_limit_gb")
+    return {k: v for k, v in asdict(eval_cfg).items() if k not in machine}
+
+
+def _import_results(db: Path, sources: tuple[Path, ...], log: Callable[[str], None]) -> int:
+    """Copy results of other harness databases into this build's; returns how many came in."""
+    if not sources:
+        return 0
+    from dice_kernels.harness.store import ResultStore
+
+    missing = [str(p) for p in sources if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"results database not found: {', '.join(missing)}")
+    store = ResultStore(db)
+    try:
+        counts = {str(p): store.import_from(p) for p in sources}
+    finally:
+        store.close()
+    for path, n in counts.items():
+        log(f"imported {n} results from {path}")
+    return sum(counts.values())
 
 
 def build(cfg: CurationConfig, log: Callable[[str], None] = print) -> dict:
@@ -168,7 +190,10 @@ def build(cfg: CurationConfig, log: Callable[[str], None] = print) -> dict:
         return res.records
 
     records = step("ingest", cfg.limit, lambda: ingest(cfg.sources, cfg.limit))
-    records = step("verify", _eval_settings(cfg.eval), lambda: verify_stage(records, cfg))
+    imported = _import_results(out / "harness" / "results.sqlite", cfg.import_results, log)
+    # results that came in make verify run again, reusing every recorded one
+    records = step("verify", {**_eval_settings(cfg.eval), **({"imported": imported} if imported else {})},
+                   lambda: verify_stage(records, cfg))
     verified = records
     records = step("filter", asdict(cfg.filter), lambda: speed_filter(records, cfg.filter))
     records = step("dedupe", asdict(cfg.dedupe), lambda: dedupe(records, cfg.dedupe))

@@ -72,8 +72,11 @@ def device_lock_key(platform: Platform) -> str:
 
 
 def _gpu_name_and_arch() -> tuple[str, str]:
-    try:  # nvidia-smi keeps the parent free of a CUDA context
-        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", "0"],
+    # the GPU the workers will see first: CUDA_VISIBLE_DEVICES' first entry (an index or a UUID, as nvidia-smi -i
+    # takes them); nvidia-smi keeps the parent free of a CUDA context
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    try:
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", first],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         name, cap = (s.strip() for s in line.split(","))
         return name, cap

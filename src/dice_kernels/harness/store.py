@@ -45,6 +45,20 @@ class ResultStore:
         return {(r.task_id, r.candidate_id, r.candidate_sha256): r for r in self.all()
                 if r.outcome is not Outcome.HARNESS_ERROR}
 
+    def import_from(self, other: str | Path) -> int:
+        """Copy in the results of another run's database (e.g. shards of one batch verified on several GPUs), except
+        where this one already has a result for the key that is not a harness error; returns how many came in."""
+        source = ResultStore(other)
+        try:
+            theirs = source.all()
+        finally:
+            source.close()
+        mine = self.finished()
+        new = [r for r in theirs if (r.task_id, r.candidate_id, r.candidate_sha256) not in mine]
+        for r in new:
+            self.put(r)
+        return len(new)
+
     def all(self) -> list[EvalResult]:
         cur = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM results ORDER BY rowid")
         out = []

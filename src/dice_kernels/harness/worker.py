@@ -531,10 +531,16 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
                     timing["speed_of_light"] = _speed_of_light(model, inputs, outputs[0], job)
                     spent.lap("speed_of_light")
             if wanted and monitor and job.device.startswith("cuda") and monitor.ext_calls:
+                # only the profiled forward holds the device lock: a timing loop of another worker waits for it
+                monitor.start_profiler()
+                spent.lap("gpu_share.start")
                 with gpu_lock.shared(job.gpu_lock) as hold:
-                    monitor.check_gpu_share(model, inputs)
+                    profiled = monitor.profile_forward(model, inputs)
                 spent.waited_s += hold.waited_s
                 spent.lap("gpu_share")
+                monitor.check_gpu_share(profiled)
+                del profiled
+                spent.lap("gpu_share.read")
         write_trials(stream, outputs[job.trials:])  # the re-checked call after the timed loop, if there was one
         stream.flush()
         report = {"status": "ok", "trials": len(outputs),
