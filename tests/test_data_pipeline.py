@@ -112,6 +112,42 @@ def test_build_without_gpu_and_without_keep_unverified_drops_cuda_pairs_with_rea
     assert json.loads((out / "report.json").read_text())["final_pairs"] == 0
 
 
+def test_build_imports_shard_results_verified_elsewhere(tmp_path):
+    """Two shards verified on two GPUs, curated on a CPU: --import-results brings their results into the build's
+    harness database; each imported correct pair is verified, a result already there is not overwritten, and a
+    pair no shard ran stays unverified."""
+    import hashlib
+
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+    from dice_kernels.harness.store import ResultStore
+
+    pairs, tasks = write_corpus(tmp_path)
+    rows = json.loads(pairs.read_text())
+
+    def shard(name: str, ids: list[int], speedup: float) -> Path:
+        store = ResultStore(tmp_path / f"{name}.sqlite")
+        for i in ids:
+            pid = f"dice_pairs/{rows[i]['id']}"
+            store.put(EvalResult(task_id=pid, candidate_id=pid, outcome=Outcome.CORRECT, correct=True,
+                                 candidate_sha256=hashlib.sha256(rows[i]["cuda_code"].encode()).hexdigest(),
+                                 speedup=speedup, ref_time_ms=1.0, backend="cuda", hardware="NVIDIA H200"))
+        store.close()
+        return tmp_path / f"{name}.sqlite"
+
+    a, b = shard("a", [0], 3.0), shard("b", [0, 1], 2.5)  # pair 0 in both: the first import stands
+    out = tmp_path / "out"
+    output = run(["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend",
+                  "cpu", "--no-progress", "--import-results", str(a), "--import-results", str(b)])
+    assert "imported 1 results" in output and "imported 1 results" in output.split("imported 1 results", 1)[1]
+    verified = {d.pair_id: d for d in read_decisions(out / "decisions.jsonl") if d.stage == "verify"}
+    assert verified["dice_pairs/0"].action == "keep" and "3.00x" in verified["dice_pairs/0"].reason
+    assert verified["dice_pairs/1"].action == "keep" and "2.50x" in verified["dice_pairs/1"].reason
+    assert verified["dice_pairs/2"].action == "mark"  # no shard ran it: unverified, not guessed
+    missing = CliRunner().invoke(app, ["build", "--out", str(out), "--dice-pairs", str(pairs), "--backend", "cpu",
+                                       "--import-results", str(tmp_path / "nowhere.sqlite")], env={"COLUMNS": "300"})
+    assert missing.exit_code != 0 and "nowhere.sqlite" in missing.output and "does not exist" in missing.output
+
+
 def test_split_command_checks_dice_pairs(tmp_path):
     pairs, _ = write_corpus(tmp_path)
     rows = json.loads(pairs.read_text())
@@ -144,3 +180,14 @@ def test_rl_tasks_command_orders_by_level_and_decontaminates_both_phases(tmp_pat
     infill = [json.loads(line) for line in (rl_out / "rl_infill.jsonl").open()]
     assert sorted(t["id"] for t in infill) == ["dice_pairs/0", "dice_pairs/2", "dice_pairs/99"]
     assert "1 contaminated" in output
+
+
+def test_drop_reasons_are_grouped_on_their_first_line():
+    """A compile error's reason carries the compiler's output on later lines (build paths that differ per pair):
+    grouped on the first line, the report's table gets one cell and one group for all of them."""
+    from dice_kernels.data.report import reason_group
+
+    a = "failed: compile_error: Error building extension 'argmin_cuda_v1'\n/tmp/cache/0a/x/cuda.cu(42): error"
+    b = "failed: compile_error: Error building extension 'argmin_cuda_v2'\n/tmp/cache/7f/y/cuda.cu(9): error"
+    assert reason_group(a) == reason_group(b) == "failed: compile_error: Error building extension 'argmin_cuda_vN'"
+    assert reason_group("") == ""

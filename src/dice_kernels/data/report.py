@@ -14,8 +14,9 @@ from dice_kernels.data.records import Decision, PairRecord
 
 
 def reason_group(reason: str) -> str:
-    """A reason without its per-pair specifics (ids, numbers, parenthesised details), for counting."""
-    head = re.split(r" of | \(", reason, maxsplit=1)[0]
+    """A reason without its per-pair specifics (ids, numbers, parenthesised details, lines after the first, such
+    as a compiler's build path), for counting and for one table cell."""
+    head = re.split(r" of | \(", reason.splitlines()[0] if reason else "", maxsplit=1)[0]
     return re.sub(r"\d+(\.\d+)?", "N", head)[:80].rstrip(" :,")
 
 
