@@ -155,7 +155,7 @@ def build_one(pair_id: str, pairs_path: Path, device: str) -> dict:
 
 
 def _summary(s: T.TimingSamples) -> dict:
-    return {"median_ms": s.median_ms, "ci_ms": s.ci_ms, "host_ms": s.host_ms_per_iter,
+    return {"median_ms": s.median_ms, "ci_ms": s.ci_ms, "host_ms": s.host_ms_per_iter, "tail_ms": s.tail_ms,
             "effective_ms": T.effective_time_ms(s), "escaped_ratio": s.escaped_ratio, "escape": T.stream_escape(s),
             "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s}
 
@@ -234,13 +234,20 @@ def aggregate(runs: list[dict]) -> dict:
 
 
 def rescore(runs: list[dict]) -> list[dict]:
-    """Runs recorded by an earlier version, with "ours" recomputed from their per-call medians and host times
-    under the current rule (timing.reference_time_ms / effective_time_ms); the interval is dropped."""
+    """Runs recorded by an earlier version, with "ours" recomputed from their per-call medians and tails under
+    the current rule (timing.reference_time_ms / effective_time_ms); the interval is dropped. Runs recorded before
+    the tail was measured cannot be rescored."""
     out = []
     for r in runs:
         if "ours" in r:
             ref, cand = r["ours"]["ref"], r["ours"]["cand"]
-            speedup = ref["median_ms"] / (cand["host_ms"] if cand["escape"] else cand["median_ms"])
+            if "tail_ms" not in cand:
+                raise SystemExit(f"pair {r['id']}: recorded before tails were measured; it cannot be rescored")
+            m = cand["median_ms"]
+            samples = T.TimingSamples(times_ms=(m,), median_ms=m, ci_ms=(m, m), host_ms_per_iter=cand["host_ms"],
+                                      overhead_ms=0.0, n_input_sets=1, total_s=0.0, stop_reason="", clock="",
+                                      tail_ms=cand["tail_ms"])
+            speedup = ref["median_ms"] / T.effective_time_ms(samples)
             r = {**r, "ours": {**r["ours"], "speedup": speedup, "lo": float("nan"), "hi": float("nan")}}
         out.append(r)
     return out

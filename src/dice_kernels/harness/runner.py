@@ -703,7 +703,7 @@ def _timing_fields(res: dict) -> dict:
 
 def _timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] = effective_time_ms) -> dict:
     return {"median_ms": t.median_ms, "effective_ms": reported(t), "ci_ms": list(t.ci_ms),
-            "host_ms": t.host_ms_per_iter, "samples": len(t.times_ms), "input_sets": t.n_input_sets,
+            "host_ms": t.host_ms_per_iter, "tail_ms": t.tail_ms, "samples": len(t.times_ms), "input_sets": t.n_input_sets,
             "stop": t.stop_reason}
 
 

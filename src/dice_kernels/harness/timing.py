@@ -36,6 +36,7 @@ _now_ns = time.perf_counter_ns
 _now_s = time.perf_counter
 _cuda_sync = torch.cuda.synchronize
 _CudaEvent = torch.cuda.Event
+_event_done = torch.cuda.Event.query
 _cuda_spin = torch.cuda._sleep  # a kernel that spins for a number of GPU clock cycles
 
 
@@ -237,7 +238,10 @@ def _rel_half_width(samples: Sequence[float]) -> float:
 class TimingSamples:
     """One model's timing under the protocol. `times_ms`: per-iteration samples (CUDA events on the stream the
     call was issued on, or `perf_counter` around the call on CPU). `host_ms_per_iter`: median of the per-iteration
-    host clock, which waits for every stream and thread the call started (see `_step`), step overhead removed."""
+    host clock, which waits for every stream and thread the call started (see `_step`), step overhead removed.
+    `tail_ms`: median host time from the moment the call's own clock stopped (its stream's end event complete; on
+    CPU, the call returned) until every stream and thread it started was done, less the same for a no-op call:
+    work that escaped the per-call clock (`stream_escape`)."""
 
     times_ms: tuple[float, ...]
     median_ms: float
@@ -249,11 +253,12 @@ class TimingSamples:
     stop_reason: str  # "converged" | "max_iters" | "max_time"
     clock: str  # "cuda_event" | "perf_counter"
     lead_ms: float = 0.0  # the GPU lead queued before each timed call (CUDA)
+    tail_ms: float = 0.0
 
     @property
     def escaped_ratio(self) -> float:
-        """host / per-iteration median: about 1 for honest work, large when work escapes the timed stream."""
-        return self.host_ms_per_iter / self.median_ms if self.median_ms > 0 else math.inf
+        """(per-iteration median + tail) / median: about 1 for honest work, large when work escapes the clock."""
+        return (self.median_ms + self.tail_ms) / self.median_ms if self.median_ms > 0 else math.inf
 
     def to_dict(self) -> dict:
         return {**asdict(self), "escaped_ratio": self.escaped_ratio}
@@ -265,24 +270,24 @@ class TimingSamples:
 
 
 def effective_time_ms(samples: TimingSamples) -> float:
-    """A candidate's reported time: the per-call median, or the host clock when work escaped the per-call clock
-    (`stream_escape`: side streams, background threads), so escaped work is paid for in full. Below the escape
-    threshold the host clock is not used: on the H200 its median moved by up to ~25 us between processes for
-    honest microsecond kernels (a synchronize's wake-up under CPU load), far more than their events did. The
-    trusted reference is reported at its median (`speedup_interval`)."""
-    return samples.host_ms_per_iter if stream_escape(samples) else samples.median_ms
+    """A candidate's reported time: the per-call median, plus the tail when work escaped the per-call clock
+    (`stream_escape`: side streams, background threads), so escaped work is paid for in full. The trusted
+    reference is reported at its median (`speedup_interval`)."""
+    return samples.median_ms + samples.tail_ms if stream_escape(samples) else samples.median_ms
 
 
-def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.02) -> bool:
-    """True when the host clock exceeds the per-iteration median by more than `rel` (relative) AND `abs_ms`.
+def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.01) -> bool:
+    """True when work went on after the per-call clock stopped (`tail_ms`) for more than `rel` of the per-call
+    median AND `abs_ms`.
 
-    Behind the same lead, the events and the overhead-corrected host clock cover the same work; they differ by
-    what the no-op calibration cannot cancel (a synchronize's wake-up jitter). On the H200 that reached 18 us on
-    honest candidates and 70 us on a synchronizing reference (docs/timing.md), so the 20 us floor is a judgement
-    close to the noise, and 25 % keeps millisecond kernels' jitter out. A flagged candidate is reported at its host
-    time (`effective_time_ms`) and the harness marks it `work_escaped_default_stream`."""
-    gap = samples.host_ms_per_iter - samples.median_ms
-    return gap > abs_ms and gap > rel * samples.median_ms
+    The tail starts when the call's own stream is seen done (a spin on its end event) and ends when the whole
+    device (every stream) or, on CPU, every thread the call started is done; a no-op call's tail is taken off.
+    Host launch latency and a synchronize's wake-up under CPU load fall before the tail starts, so neither can
+    flag an honest kernel: the fourth and fifth H200 sessions saw both push the whole step's host time 20-40 us
+    above the events of honest microsecond kernels, which the earlier rule (host time against events) read as
+    escapes. A flagged candidate is reported at median + tail (`effective_time_ms`) and the harness marks it
+    `work_escaped_default_stream`."""
+    return samples.tail_ms > abs_ms and samples.tail_ms > rel * samples.median_ms
 
 
 def _effective_scale(samples: TimingSamples) -> float:
@@ -330,15 +335,16 @@ def _noop(*_: Any) -> None:
 
 
 def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device, flush: Callable[[], None],
-          deadline: float, lead_cycles: int = 0) -> tuple[float, float]:
-    """One timed iteration; returns (per-call ms, host ms).
+          deadline: float, lead_cycles: int = 0) -> tuple[float, float, float]:
+    """One timed iteration; returns (per-call ms, host ms, tail ms).
 
     CUDA: flush, synchronize (the device is idle and flushed), a spin of `lead_cycles` queued ahead of the call
     (the GPU is still busy with it while the host launches the call, so the events time the call's GPU work, not
     the host's launch latency), events around the call on the stream current before it, wait for threads the
-    call started, then a device-wide synchronize, which waits for every stream: the host clock runs from just
-    before the lead to that synchronize's return (the lead is in the no-op calibration too). CPU: `perf_counter`
-    around the call; the host clock runs on until every thread the call started has ended."""
+    call started, spin until the end event is done, then a device-wide synchronize, which waits for every
+    stream: the tail runs from the end event seen done to that synchronize's return, the host clock from just
+    before the lead to the same point (the lead is in the no-op calibration too). CPU: `perf_counter` around the
+    call; the tail runs on until every thread the call started has ended."""
     flush()
     before = _threads()
     if device.type == "cuda":
@@ -352,14 +358,17 @@ def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device,
         call(*inputs)
         end.record(stream)  # on `stream`, whatever stream the call made current
         _wait_new_threads(before, deadline)  # a thread may still queue GPU work: wait for it before the sync
+        while not _event_done(end):  # a spin, not a blocking wait: no wake-up delay before the tail starts
+            pass
+        t1 = _now_ns()
         _cuda_sync(device)
         t2 = _now_ns()
-        return start.elapsed_time(end), (t2 - t0) / 1e6
+        return start.elapsed_time(end), (t2 - t0) / 1e6, (t2 - t1) / 1e6
     t0 = _now_ns()
     call(*inputs)
     t1 = _now_ns()
     t2 = _now_ns() if _wait_new_threads(before, deadline) else t1
-    return (t1 - t0) / 1e6, (t2 - t0) / 1e6
+    return (t1 - t0) / 1e6, (t2 - t0) / 1e6, (t2 - t1) / 1e6
 
 
 def _spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
@@ -408,9 +417,9 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     Warm-up calls (`_warm_up`, each after a flush) rotate the input sets and size the GPU lead (unless the plan
     brings one); then each iteration (`_step`) flushes, times one call on the next set with the per-call clock and
     the host clock, and leaves the device and the process quiescent (all streams synchronized, all threads the
-    call started ended) before the next. The host samples are corrected by the step's own overhead: the median
-    host time of no-op steps (same lead), interleaved with the timed ones so the correction follows drifting CPU
-    and GPU clocks.
+    call started ended) before the next. The host and tail samples are corrected by the step's own: the medians
+    of no-op steps (same lead), interleaved with the timed ones so the correction follows drifting CPU and GPU
+    clocks.
     Stops when min_iters and min_time_s are both reached and the median's relative CI half-width is <=
     target_rel_ci, or at max_iters / max_time_s.
     """
@@ -424,21 +433,23 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     lead = max(1, int(lead_ms * _spin_cycles_per_ms(dev))) if cuda else 0
     noop_deadline = _now_s() + 60.0
 
-    def noop_host() -> float:
-        return _step(_noop, (), dev, flush, noop_deadline, lead)[1]
+    def noop() -> tuple[float, float]:  # (host, tail) of a step around nothing
+        return _step(_noop, (), dev, flush, noop_deadline, lead)[1:]
 
-    noops = [noop_host() for _ in range(5)] if cuda else []
+    noops = [noop() for _ in range(5)] if cuda else []
     times: list[float] = []
     host: list[float] = []
+    tails: list[float] = []
     stop_reason, next_check = "max_iters", max(plan.min_iters, 8)  # fewer than 8 samples bound nothing
     start_ns = _now_ns()
     deadline = _now_s() + plan.max_time_s
     while len(times) < plan.max_iters:
-        t, h = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline, lead)
+        t, h, tail = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline, lead)
         times.append(t)
         host.append(h)
+        tails.append(tail)
         if cuda and len(times) % 8 == 0:
-            noops.append(noop_host())
+            noops.append(noop())
         elapsed = (_now_ns() - start_ns) / 1e9
         if elapsed >= plan.max_time_s:
             stop_reason = "max_time"
@@ -449,12 +460,14 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
                 stop_reason = "converged"
                 break
             next_check = max(len(times) + 8, int(len(times) * 1.1))
-    overhead_ms = float(np.median(noops)) if noops else 0.0
+    overhead_ms = float(np.median([h for h, _ in noops])) if noops else 0.0
+    noop_tail_ms = float(np.median([t for _, t in noops])) if noops else 0.0
     return TimingSamples(times_ms=tuple(times), median_ms=float(np.median(times)), ci_ms=median_ci(times),
                          host_ms_per_iter=max(0.0, float(np.median(host)) - overhead_ms), overhead_ms=overhead_ms,
                          n_input_sets=n_sets,
                          total_s=(_now_ns() - start_ns) / 1e9, stop_reason=stop_reason,
-                         clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms)
+                         clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms,
+                         tail_ms=max(0.0, float(np.median(tails)) - noop_tail_ms))
 
 
 def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
