@@ -175,17 +175,68 @@ def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
 
     import torch
 
-    from dice_kernels.harness.runner import _read_outputs
+    from dice_kernels.harness.runner import _OutputLimits, _read_outputs
     from dice_kernels.harness.tensor_stream import StreamError, write_trials
 
     said = []
+    limits = _OutputLimits(frame=1 << 20, total=1 << 21, trials=2)
     with pytest.raises(StreamError):
-        _read_outputs(io.BytesIO(b"not a tensor stream"), 1 << 20, lambda trials: True, said.append)
+        _read_outputs(io.BytesIO(b"not a tensor stream"), limits, lambda trials: True, said.append)
     assert said == [b"stop\n"]
-    good = io.BytesIO()
-    write_trials(good, [[torch.ones(3)]])
-    write_trials(good, [[torch.zeros(3)]])
-    good.seek(0)
+
+    def stream(*frames) -> io.BytesIO:
+        f = io.BytesIO()
+        for frame in frames:
+            write_trials(f, frame)
+        f.seek(0)
+        return f
+
+    # one frame per trial, then the re-checked call's
     said.clear()
-    outputs = _read_outputs(good, 1 << 20, lambda trials: bool(trials[0][0].sum() == 3), said.append)
-    assert said == [b"time\n"] and len(outputs) == 2 and outputs[1][0].sum() == 0
+    outputs = _read_outputs(stream([[torch.ones(3)]], [[torch.ones(3)]], [[torch.zeros(3)]]), limits,
+                            lambda trials: bool(len(trials) == 2 and trials[0][0].sum() == 3), said.append)
+    assert said == [b"time\n"] and len(outputs) == 3 and outputs[2][0].sum() == 0
+    # a worker that stopped after its first trial sent no usable outputs
+    said.clear()
+    assert _read_outputs(stream([[torch.ones(3)]]), limits, lambda trials: True, said.append) is None
+    assert said == [b"stop\n"]
+    # a frame larger than a worker may hold, or more bytes in all than allowed, is refused before allocation
+    with pytest.raises(StreamError, match="exceed"):
+        _read_outputs(stream([[torch.ones(1 << 19)]]), limits, lambda trials: True, said.append)
+    with pytest.raises(StreamError, match="exceed"):
+        _read_outputs(stream([[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]]),
+                      _OutputLimits(frame=1 << 20, total=(1 << 20) + 8, trials=2), lambda trials: True, said.append)
+
+
+BIG_OUTPUT_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 1 << 20)]  # 256 MiB per call
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.slow
+def test_outputs_larger_than_a_worker_may_hold_over_all_trials_are_streamed(tmp_path):
+    """Five trials of 256 MiB outputs under a 2.25 GiB address-space limit, of which importing torch takes about
+    0.7 and the inputs up to 0.5: a worker that kept every trial's outputs until the end needed 2.7 and ran out of
+    memory, which made the reference a harness error. Each trial's outputs now leave the worker as it ends."""
+    from dice_kernels.tasks import task_from_code
+
+    task = task_from_code(BIG_OUTPUT_TASK, id="big/1", name="big")
+    candidate = candidate_from_text(BIG_OUTPUT_TASK.replace("class Model", "class ModelNew"), id="same")
+    config = EvalConfig(backend="cpu", jobs=1, trials=5, timing=False, robust=False, run_timeout_s=240,
+                        memory_limit_gb=2.25, cache_dir=tmp_path / "cache")
+    [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
+    assert r.outcome is Outcome.CORRECT, r.error
+    assert r.trials_passed == 5

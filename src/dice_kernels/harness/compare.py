@@ -18,15 +18,28 @@ class Comparison:
     message: str = ""
 
 
-def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.numel() == 0:
-        return 0.0
-    wide = torch.complex128 if a.is_complex() else torch.float64
-    a, b = a.to(wide), b.to(wide)
-    diff = (a - b).abs()
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-    return float(torch.nan_to_num(diff, nan=float("inf")).max())
+# elements compared at a time: the float64 temporaries of one chunk stay near 128 MiB however large the outputs
+CHUNK = 1 << 24
+
+
+def _chunks(a: torch.Tensor, b: torch.Tensor):
+    """Aligned flat slices of two same-shape tensors, widened (float64, complex128) one chunk at a time."""
+    wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    for i in range(0, fa.numel(), CHUNK):
+        yield fa[i:i + CHUNK].to(wide), fb[i:i + CHUNK].to(wide)
+
+
+def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> tuple[bool, float]:
+    """(`torch.allclose(cand, ref, equal_nan=True)`, the largest |cand - ref| with NaN against NaN counting 0 and
+    against a number infinite), in float64 (complex128), one pass chunk by chunk."""
+    close, worst = True, 0.0
+    for x, y in _chunks(ref, cand):
+        close = close and torch.allclose(y, x, atol=atol, rtol=rtol, equal_nan=True)
+        diff = (x - y).abs()
+        diff[torch.isnan(x) & torch.isnan(y)] = 0.0
+        worst = max(worst, float(torch.nan_to_num(diff, nan=float("inf")).max()))
+    return close, worst
 
 
 def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]],
@@ -49,9 +62,8 @@ def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[tor
             if c.is_complex() != r.is_complex():
                 return Comparison(Outcome.VALUE_MISMATCH, passed, None,
                                   f"trial {trial}, output {i}: dtype {c.dtype}, expected {r.dtype}")
-            rr, cc = (r, c) if r.is_complex() else (r.double(), c.double())
-            ok = torch.allclose(cc, rr, atol=atol, rtol=rtol, equal_nan=True)
-            worst = max(worst, _max_abs_diff(r, c))
+            ok, diff = _close_and_max_diff(r, c, atol, rtol)
+            worst = max(worst, diff)
             if not ok:
                 trial_ok = False
         if not trial_ok:
@@ -75,10 +87,10 @@ def _unwritten(expected: list[torch.Tensor], got: list[torch.Tensor], atol: floa
     for r, c in zip(expected, got):
         if r.shape != c.shape or r.is_complex() or c.is_complex() or not c.is_floating_point():
             return 0
-        rr, cc = r.double(), c.double()
-        bad = ~torch.isclose(cc, rr, atol=atol, rtol=rtol, equal_nan=True)
-        differing += int(bad.sum())
-        poisoned += int((bad & torch.isnan(cc) & ~torch.isnan(rr)).sum())
+        for rr, cc in _chunks(r, c):
+            bad = ~torch.isclose(cc, rr, atol=atol, rtol=rtol, equal_nan=True)
+            differing += int(bad.sum())
+            poisoned += int((bad & torch.isnan(cc) & ~torch.isnan(rr)).sum())
     return poisoned if poisoned >= 0.99 * differing else 0
 
 

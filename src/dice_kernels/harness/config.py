@@ -73,6 +73,10 @@ class EvalConfig:
     allowed_ops: tuple[str, ...] = ALLOWED_OPS  # ATen ops forward may dispatch without being a PyTorch fallback
     min_extension_gpu_share: float = 0.25  # CUDA: least share of forward's GPU time in the extension's kernels
 
+    @property
+    def memory_limit_bytes(self) -> int:
+        return int(self.memory_limit_gb * (1 << 30))
+
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             if self.backend not in ("cpu", "cuda"):

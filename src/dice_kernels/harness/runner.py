@@ -42,7 +42,6 @@ from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
-_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -237,8 +236,8 @@ class Evaluator:
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float, lead_ms: float | None = None,
-                    baseline_cached: bool = False,
-                    verdict: Callable[[list], bool] | None = None) -> _WorkerReport:
+                    baseline_cached: bool = False, verdict: Callable[[list], bool] | None = None,
+                    max_output_bytes: int | None = None) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
         workdir = worker.workdir
@@ -249,7 +248,7 @@ class Evaluator:
         writable = [str(workdir), *sandbox.device_files()]
         if writable_build and build_dir is not None:
             writable.append(str(build_dir))
-        limits = sandbox.Limits(memory_bytes=None if cuda else int(cfg.memory_limit_gb * _GIB),
+        limits = sandbox.Limits(memory_bytes=None if cuda else cfg.memory_limit_bytes,
                                 file_bytes=cfg.file_limit_mb << 20, writable=tuple(writable),
                                 isolate_network=cfg.isolate_network, restrict_writes=cfg.restrict_writes)
         job = {"mode": mode, "role": role, "workdir": str(workdir), "task_path": str(workdir / "task.py"),
@@ -269,9 +268,11 @@ class Evaluator:
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
                if cfg.robust and mode == "run" and role == "candidate" else None}
         (workdir / "job.json").write_text(json.dumps(job))
-        max_bytes = int(cfg.memory_limit_gb * _GIB)
+        max_bytes = cfg.memory_limit_bytes
+        # one frame (a trial's outputs) at most what a worker may hold; all frames at most what the caller allows
+        limits = _OutputLimits(max_bytes, max_output_bytes or (cfg.trials + 1) * max_bytes, cfg.trials)
         exit_ = sandbox.supervise(worker, str(workdir / "job.json"), timeout_s=timeout_s, rss_limit_bytes=max_bytes,
-                                  read_data=(lambda f, reply: _read_outputs(f, max_bytes, verdict, reply))
+                                  read_data=(lambda f, reply: _read_outputs(f, limits, verdict, reply))
                                   if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
@@ -333,15 +334,16 @@ class Evaluator:
     # --- run ----------------------------------------------------------------------------------------------
 
     def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
-            baseline_cached: bool = False,
-            verdict: Callable[[list], bool] | None = None) -> tuple[dict, list | None]:
+            baseline_cached: bool = False, verdict: Callable[[list], bool] | None = None,
+            max_output_bytes: int | None = None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
         None). A reference whose baseline is cached runs untimed; a candidate given `verdict` is timed and
-        profiled only if `verdict(its trials' outputs)` is true."""
+        profiled only if `verdict(its trials' outputs)` is true. `max_output_bytes` bounds everything the worker
+        may send (default: trials + 1 frames of `memory_limit_gb`)."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
                                timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached,
-                               verdict=verdict)
+                               verdict=verdict, max_output_bytes=max_output_bytes)
         outputs = None
         res = rep.result
         if res is None:
@@ -408,20 +410,35 @@ class Evaluator:
 _NO_TASK = Task(id="-", name="-", code="")
 
 
-def _read_outputs(f, max_bytes: int, verdict: Callable[[list], bool] | None,
+@dataclass(frozen=True)
+class _OutputLimits:
+    """Bytes a run worker may send: per frame (one trial's outputs) and in all; and how many trial frames come."""
+
+    frame: int
+    total: int
+    trials: int
+
+    def next_frame(self, received: list) -> int:
+        return min(self.frame, self.total - tensor_bytes(received))
+
+
+def _read_outputs(f, limits: _OutputLimits, verdict: Callable[[list], bool] | None,
                   reply: Callable[[bytes], None]) -> list | None:
-    """A run worker's two frames: the correctness trials' outputs and then, with timing on, the re-checked call's.
-    With `verdict`, the worker waits between them for the verdict on the trials (b"time" or b"stop")."""
-    go = False
+    """A run worker's frames: one per correctness trial, sent as each trial ends, and then one for the re-checked
+    call (empty without timing); None unless every trial's frame came. With `verdict`, the worker waits after the
+    trials for the verdict on them (b"time" or b"stop")."""
+    go, trials = False, []
     try:
-        trials = read_trials(f, max_bytes)
-        if trials is None:
-            return None
+        while len(trials) < limits.trials:
+            frame = read_trials(f, limits.next_frame(trials))
+            if frame is None:  # the worker ended before its last trial: its report says why
+                return None
+            trials += frame
         go = verdict is None or verdict(trials)
     finally:  # always answer, unreadable trials included: a worker left waiting would only run into its deadline
         if verdict is not None:
             reply(b"time\n" if go else b"stop\n")
-    rest = read_trials(f, max_bytes - tensor_bytes(trials))
+    rest = read_trials(f, limits.next_frame(trials))
     return trials + (rest or [])
 
 
@@ -617,7 +634,10 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         early["cmp"] = compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
         return early["cmp"].outcome is Outcome.CORRECT
 
-    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), verdict=trials_right)
+    # a right candidate sends what the reference did; the worker's own limit covers small tasks' wrong ones
+    sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or []))
+    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), verdict=trials_right,
+                          max_output_bytes=sendable)
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)

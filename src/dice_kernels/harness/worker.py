@@ -446,7 +446,8 @@ def _await_verdict(control_fd: int) -> bool:
 
 def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int) -> dict:
     """Run the reference or the candidate: trials, then (for a candidate, only if the parent says its trials are
-    right) timing and the GPU-share profile. Outputs go to the parent in two frames, the trials first."""
+    right) timing and the GPU-share profile. Outputs go to the parent in one frame per trial as each trial ends
+    (so a worker never holds more than two trials' outputs), then one frame for the re-checked call."""
     import torch
 
     from dice_kernels.harness.integrity import tensors_in
@@ -486,41 +487,44 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
         spent.lap("init")
         phase = "forward"
         where = cls.__name__ + ".forward"
-        outputs, findings, inputs, copy_passes = [], [], None, True
+        findings, inputs, copy_passes, sizes = [], None, True, []
+        first_sizes, first = [], []  # trial 0's output sizes; its outputs where the speed-of-light bound needs them
         with torch.no_grad():
             for trial in range(job.trials):
                 with gpu_lock.shared(job.gpu_lock) as hold:
                     inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
-                    previous = outputs[-1] if outputs else tensors_in(inputs)
-                    outs, found = _forward_once(model, inputs, where, job, monitor, _nbytes(previous))
+                    poison = sizes if trial else _nbytes(tensors_in(inputs))  # the last outputs' sizes
+                    outs, found = _forward_once(model, inputs, where, job, monitor, poison)
                 spent.waited_s += hold.waited_s
-                outputs.append(outs)
                 findings += found
                 if job.role == "reference":
                     copy_passes = copy_passes and _input_copy_passes(inputs, outs, job)
+                write_trials(stream, [outs])
+                sizes = _nbytes(outs)
+                if trial == 0:
+                    first_sizes, first = sizes, outs if job.speed_of_light else []
+                del outs
+            stream.flush()
             if monitor:
                 monitor.check_globals("after forward")
             spent.lap("trials")
-            write_trials(stream, outputs)
-            stream.flush()
-            spent.lap("send")
             wanted = not job.verdict or _await_verdict(control_fd)
             if job.verdict:
                 spent.lap("verdict")
-            timing = {}
+            timing, checked = {}, []
             # a reference whose baseline the parent has cached computes only the re-checked call's outputs
             if wanted and job.timing and job.baseline_cached:
                 inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
                 last, waited_s = _checked_call(model, task, inputs, where, job, monitor, [])
                 spent.waited_s += waited_s
-                outputs.append(last)
+                checked.append(last)
                 spent.lap("checked_call")
             elif wanted and job.timing:
                 phase = "timing"
                 inputs = _trial_inputs(task, job, job.seed + 1 + job.trials)
-                timing, last = _time_forward(model, task, inputs, where, job, monitor, _nbytes(outputs[0]))
+                timing, last = _time_forward(model, task, inputs, where, job, monitor, first_sizes)
                 spent.waited_s += timing.pop("device_lock_wait_s")
-                outputs.append(last)
+                checked.append(last)
                 if monitor:
                     monitor.check_globals("after timing")
                 spent.lap("timing")
@@ -528,7 +532,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
                     timing["compile_baseline"] = _compile_baseline(model, task, inputs, where, job)
                     spent.lap("compile_baseline")
                 if job.speed_of_light and job.role == "reference":
-                    timing["speed_of_light"] = _speed_of_light(model, inputs, outputs[0], job)
+                    timing["speed_of_light"] = _speed_of_light(model, inputs, first, job)
                     spent.lap("speed_of_light")
             if wanted and monitor and job.device.startswith("cuda") and monitor.ext_calls:
                 # only the profiled forward holds the device lock: a timing loop of another worker waits for it
@@ -541,9 +545,9 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
                 monitor.check_gpu_share(profiled)
                 del profiled
                 spent.lap("gpu_share.read")
-        write_trials(stream, outputs[job.trials:])  # the re-checked call after the timed loop, if there was one
+        write_trials(stream, checked)  # the re-checked call after the timed loop, if there was one
         stream.flush()
-        report = {"status": "ok", "trials": len(outputs),
+        report = {"status": "ok", "trials": job.trials + len(checked),
                   "phase_s": {**spent.laps, "device_lock_wait": round(spent.waited_s, 4)}, **timing}
         if monitor:
             for f in findings:
