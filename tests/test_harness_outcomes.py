@@ -227,7 +227,7 @@ def get_init_inputs():
 
 
 @pytest.mark.slow
-def test_outputs_larger_than_a_worker_may_hold_over_all_trials_are_streamed(tmp_path):
+def test_outputs_larger_than_a_worker_may_hold_over_all_trials_are_streamed(tmp_path, build_cache):
     """Five trials of 256 MiB outputs under a 2.25 GiB address-space limit, of which importing torch takes about
     0.7 and the inputs up to 0.5: a worker that kept every trial's outputs until the end needed 2.7 and ran out of
     memory, which made the reference a harness error. Each trial's outputs now leave the worker as it ends."""
@@ -236,7 +236,26 @@ def test_outputs_larger_than_a_worker_may_hold_over_all_trials_are_streamed(tmp_
     task = task_from_code(BIG_OUTPUT_TASK, id="big/1", name="big")
     candidate = candidate_from_text(BIG_OUTPUT_TASK.replace("class Model", "class ModelNew"), id="same")
     config = EvalConfig(backend="cpu", jobs=1, trials=5, timing=False, robust=False, run_timeout_s=240,
-                        memory_limit_gb=2.25, cache_dir=tmp_path / "cache")
+                        memory_limit_gb=2.25, cache_dir=build_cache)
     [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
     assert r.trials_passed == 5
+
+
+@pytest.mark.slow
+def test_outputs_the_parent_has_no_memory_for_fail_with_a_clear_error(tmp_path, build_cache, monkeypatch):
+    """On a machine about to run out of memory, a worker's outputs are refused before they are allocated (the
+    OOM killer would take the parent and every worker in flight): here the reference's, so every candidate of
+    the task is a harness error that says which limit."""
+    from dice_kernels.harness import sandbox
+    from dice_kernels.tasks import task_from_code
+
+    monkeypatch.setattr(sandbox, "available_memory_bytes", lambda: (2 << 30) + (1 << 20))  # 1 MiB above reserve
+    task = task_from_code(BIG_OUTPUT_TASK.replace("torch.randn(64, 1 << 20)", "torch.randn(4, 1 << 20)"),
+                          id="big/2", name="big")
+    candidate = candidate_from_text(BIG_OUTPUT_TASK.replace("class Model", "class ModelNew"), id="same")
+    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=120,
+                        cache_dir=build_cache)
+    [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
+    assert r.outcome is Outcome.HARNESS_ERROR and r.extra.get("reference_over_limits")
+    assert "outputs too large" in r.error and "GiB of memory available" in r.error

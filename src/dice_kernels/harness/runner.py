@@ -35,7 +35,7 @@ from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.degenerate import degenerate_flags
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
-from dice_kernels.harness.tensor_stream import read_trials
+from dice_kernels.harness.tensor_stream import OutputsTooLarge, read_trials
 from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time_ms, faster_than_light,
                                          reference_flops_ms, reference_time_ms, speed_of_light_ms, speedup_interval,
                                          stream_escape, tensor_bytes)
@@ -346,7 +346,10 @@ class Evaluator:
                                verdict=verdict, max_output_bytes=max_output_bytes)
         outputs = None
         res = rep.result
-        if res is None:
+        if isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
+            res = {"status": "error", "kind": Outcome.CUDA_MEMORY_ERROR.value,
+                   "error": f"outputs too large: {rep.exit.data_error}"}
+        elif res is None:
             kind, error = _death_outcome(rep.exit, self.config, phase="run")
             res = {"status": "error", "kind": kind.value, "error": error}
         elif res.get("status") == "ok":
@@ -412,14 +415,26 @@ _NO_TASK = Task(id="-", name="-", code="")
 
 @dataclass(frozen=True)
 class _OutputLimits:
-    """Bytes a run worker may send: per frame (one trial's outputs) and in all; and how many trial frames come."""
+    """Bytes a run worker may send: per frame (one trial's outputs) and in all; and how many trial frames come.
+    A frame is also refused when reading it would leave the machine less than `reserve` of available memory:
+    the worker's outputs then fail with a clear error instead of the kernel's OOM killer taking the parent (and
+    every worker in flight) down."""
 
     frame: int
     total: int
     trials: int
+    reserve: int = 2 << 30
 
     def next_frame(self, received: list) -> int:
-        return min(self.frame, self.total - tensor_bytes(received))
+        cap = min(self.frame, self.total - tensor_bytes(received))
+        available = sandbox.available_memory_bytes()
+        return cap if available is None else max(0, min(cap, available - self.reserve))
+
+    def explain(self, received: list) -> str:
+        available = sandbox.available_memory_bytes()
+        room = "" if available is None else f", {available / 2**30:.1f} GiB of memory available to the parent"
+        return (f"a frame may be {self.frame / 2**30:g} GiB (--memory-gb), all frames "
+                f"{self.total / 2**30:.1f} GiB, {tensor_bytes(received) / 2**30:.1f} GiB already received{room}")
 
 
 def _read_outputs(f, limits: _OutputLimits, verdict: Callable[[list], bool] | None,
@@ -430,7 +445,7 @@ def _read_outputs(f, limits: _OutputLimits, verdict: Callable[[list], bool] | No
     go, trials = False, []
     try:
         while len(trials) < limits.trials:
-            frame = read_trials(f, limits.next_frame(trials))
+            frame = _read_frame(f, limits, trials)
             if frame is None:  # the worker ended before its last trial: its report says why
                 return None
             trials += frame
@@ -438,8 +453,15 @@ def _read_outputs(f, limits: _OutputLimits, verdict: Callable[[list], bool] | No
     finally:  # always answer, unreadable trials included: a worker left waiting would only run into its deadline
         if verdict is not None:
             reply(b"time\n" if go else b"stop\n")
-    rest = read_trials(f, limits.next_frame(trials))
+    rest = _read_frame(f, limits, trials)
     return trials + (rest or [])
+
+
+def _read_frame(f, limits: _OutputLimits, received: list) -> list | None:
+    try:
+        return read_trials(f, limits.next_frame(received))
+    except OutputsTooLarge as e:
+        raise OutputsTooLarge(f"{e} ({limits.explain(received)})") from None
 
 
 def _split(outputs: list, trials: int) -> tuple[list, list | None]:

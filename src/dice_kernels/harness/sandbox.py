@@ -253,6 +253,18 @@ def discard(worker: Started) -> None:
     os.close(worker.pipe_r)
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says can be allocated without swapping (MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: int | None = None,
               read_data: Callable[[BinaryIO, Callable[[bytes], None]], object] | None = None) -> WorkerExit:
     """Hand `worker` its job path and run it to completion; kill its whole process group on timeout or when its

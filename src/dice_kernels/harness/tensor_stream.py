@@ -21,6 +21,10 @@ class StreamError(ValueError):
     pass
 
 
+class OutputsTooLarge(StreamError):
+    """A frame announced more bytes than the reader may allocate: a limit, not a malformed stream."""
+
+
 def write_trials(f: BinaryIO, trials: list[list[torch.Tensor]]) -> None:
     """Write per-trial lists of CPU tensors: MAGIC, header length, JSON header, then each tensor's bytes."""
     flat = [t.detach().contiguous().cpu() for trial in trials for t in trial]
@@ -68,7 +72,7 @@ def read_trials(f: BinaryIO, max_bytes: int) -> list[list[torch.Tensor]] | None:
             numel *= s
         total += numel * dtypes[-1].itemsize
     if total > max_bytes:
-        raise StreamError(f"outputs of {total} bytes exceed the {max_bytes}-byte limit")
+        raise OutputsTooLarge(f"outputs of {total} bytes exceed the {max_bytes}-byte limit")
     tensors = []
     for dtype, shape in zip(dtypes, shapes):
         t = torch.empty(shape, dtype=dtype)
