@@ -170,18 +170,21 @@ def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_p
 
 
 def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
-    """A worker waiting for the verdict must never be left to its deadline: garbage gets "stop" and the error."""
+    """A worker waiting for the verdict must never be left to its deadline: garbage gets "stop" and the error.
+    A candidate's trials are judged as they arrive and only the re-checked call's outputs are kept."""
     import io
 
     import torch
 
+    from dice_kernels.harness.compare import TrialJudge
     from dice_kernels.harness.runner import _OutputLimits, _read_outputs
     from dice_kernels.harness.tensor_stream import StreamError, write_trials
 
+    reference = [[torch.ones(3)], [torch.ones(3)]]
     said = []
     limits = _OutputLimits(frame=1 << 20, total=1 << 21, trials=2)
     with pytest.raises(StreamError):
-        _read_outputs(io.BytesIO(b"not a tensor stream"), limits, lambda trials: True, said.append)
+        _read_outputs(io.BytesIO(b"not a tensor stream"), limits, TrialJudge(reference, 0.01, 0.01), said.append)
     assert said == [b"stop\n"]
 
     def stream(*frames) -> io.BytesIO:
@@ -191,22 +194,31 @@ def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
         f.seek(0)
         return f
 
-    # one frame per trial, then the re-checked call's
+    # one frame per trial, then the re-checked call's; right trials get "time"
     said.clear()
-    outputs = _read_outputs(stream([[torch.ones(3)]], [[torch.ones(3)]], [[torch.zeros(3)]]), limits,
-                            lambda trials: bool(len(trials) == 2 and trials[0][0].sum() == 3), said.append)
-    assert said == [b"time\n"] and len(outputs) == 3 and outputs[2][0].sum() == 0
+    judge = TrialJudge(reference, 0.01, 0.01)
+    outputs = _read_outputs(stream([[torch.ones(3)]], [[torch.ones(3)]], [[torch.zeros(3)]]), limits, judge,
+                            said.append)
+    assert said == [b"time\n"] and judge.comparison().outcome is Outcome.CORRECT
+    assert len(outputs) == 1 and outputs[0][0].sum() == 0
+    # a wrong second trial gets "stop", and the judge keeps that trial for the robust check
+    said.clear()
+    judge = TrialJudge(reference, 0.01, 0.01)
+    _read_outputs(stream([[torch.ones(3)]], [[torch.full((3,), 7.0)]], []), limits, judge, said.append)
+    assert said == [b"stop\n"] and judge.comparison().trials_passed == 1 and judge.failing[0][0] == 7.0
+    # a reference's trials are kept, before the re-checked call's
+    assert len(_read_outputs(stream([[torch.ones(3)]], [[torch.ones(3)]], [[torch.zeros(3)]]), limits, None,
+                             said.append)) == 3
     # a worker that stopped after its first trial sent no usable outputs
     said.clear()
-    assert _read_outputs(stream([[torch.ones(3)]]), limits, lambda trials: True, said.append) is None
+    assert _read_outputs(stream([[torch.ones(3)]]), limits, TrialJudge(reference, 0.01, 0.01), said.append) is None
     assert said == [b"stop\n"]
     # a frame larger than a worker may hold, or more bytes in all than allowed, is refused before allocation
     with pytest.raises(StreamError, match="exceed"):
-        _read_outputs(stream([[torch.ones(1 << 19)]]), limits, lambda trials: True, said.append)
+        _read_outputs(stream([[torch.ones(1 << 19)]]), limits, None, said.append)
     with pytest.raises(StreamError, match="exceed"):
         _read_outputs(stream([[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]]),
-                      _OutputLimits(frame=1 << 20, total=(1 << 20) + 8, trials=2), lambda trials: True, said.append)
-
+                      _OutputLimits(frame=1 << 20, total=(1 << 20) + 8, trials=2), None, said.append)
 
 BIG_OUTPUT_TASK = '''import torch
 import torch.nn as nn

@@ -42,14 +42,30 @@ def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol
     return close, worst
 
 
-def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]],
-                   atol: float, rtol: float) -> Comparison:
-    """Every trial's outputs must match in count, shape and value (NaN matches only NaN)."""
-    if len(candidate) != len(reference):
-        return Comparison(Outcome.VALUE_MISMATCH, 0, None,
-                          f"candidate produced {len(candidate)} trials, reference {len(reference)}")
-    passed, worst = 0, 0.0
-    for trial, (ref_outs, cand_outs) in enumerate(zip(reference, candidate)):
+class TrialJudge:
+    """`compare_trials` one trial at a time, as a candidate's outputs arrive: each trial is compared and dropped,
+    except the first failing one (`failing`, which the robust check reads), so the parent never holds more than
+    two trials of a candidate however large its outputs."""
+
+    def __init__(self, reference: list[list[torch.Tensor]], atol: float, rtol: float):
+        self.reference, self.atol, self.rtol = reference, atol, rtol
+        self.received, self.passed, self.worst = 0, 0, 0.0
+        self.failed: Comparison | None = None
+        self.failing: list[torch.Tensor] | None = None
+
+    def add(self, cand_outs: list[torch.Tensor]) -> None:
+        trial = self.received
+        self.received += 1
+        if self.failed is not None or trial >= len(self.reference):
+            return
+        self.failed = self._judge(trial, self.reference[trial], cand_outs)
+        if self.failed is None:
+            self.passed += 1
+        else:
+            self.failing = cand_outs
+
+    def _judge(self, trial: int, ref_outs: list[torch.Tensor], cand_outs: list[torch.Tensor]) -> Comparison | None:
+        passed = self.passed
         if len(ref_outs) != len(cand_outs):
             return Comparison(Outcome.SHAPE_MISMATCH, passed, None,
                               f"trial {trial}: forward returned {len(cand_outs)} tensors, expected {len(ref_outs)}")
@@ -62,15 +78,29 @@ def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[tor
             if c.is_complex() != r.is_complex():
                 return Comparison(Outcome.VALUE_MISMATCH, passed, None,
                                   f"trial {trial}, output {i}: dtype {c.dtype}, expected {r.dtype}")
-            ok, diff = _close_and_max_diff(r, c, atol, rtol)
-            worst = max(worst, diff)
-            if not ok:
-                trial_ok = False
+            ok, diff = _close_and_max_diff(r, c, self.atol, self.rtol)
+            self.worst = max(self.worst, diff)
+            trial_ok = trial_ok and ok
         if not trial_ok:
-            return Comparison(Outcome.VALUE_MISMATCH, passed, worst,
-                              f"trial {trial}: values differ (max abs diff {worst:.3g}, atol={atol}, rtol={rtol})")
-        passed += 1
-    return Comparison(Outcome.CORRECT, passed, worst)
+            return Comparison(Outcome.VALUE_MISMATCH, passed, self.worst, f"trial {trial}: values differ (max abs "
+                              f"diff {self.worst:.3g}, atol={self.atol}, rtol={self.rtol})")
+        return None
+
+    def comparison(self) -> Comparison:
+        """The verdict on every trial received: as `compare_trials` on them all."""
+        if self.received != len(self.reference):
+            return Comparison(Outcome.VALUE_MISMATCH, 0, None,
+                              f"candidate produced {self.received} trials, reference {len(self.reference)}")
+        return self.failed or Comparison(Outcome.CORRECT, self.passed, self.worst)
+
+
+def compare_trials(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]],
+                   atol: float, rtol: float) -> Comparison:
+    """Every trial's outputs must match in count, shape and value (NaN matches only NaN)."""
+    judge = TrialJudge(reference, atol, rtol)
+    for outs in candidate:
+        judge.add(outs)
+    return judge.comparison()
 
 
 def outputs_match(reference: list[list[torch.Tensor]], candidate: list[list[torch.Tensor]], atol: float,

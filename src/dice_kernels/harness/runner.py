@@ -30,7 +30,7 @@ from dice_kernels.harness import gpu_lock, sandbox
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.build_speed import build_pch, plan_pch, ready_pch
 from dice_kernels.harness.candidate import Candidate
-from dice_kernels.harness.compare import Comparison, compare_trials, explain_mismatch, outputs_match
+from dice_kernels.harness.compare import Comparison, TrialJudge, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.degenerate import degenerate_flags
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
@@ -236,7 +236,7 @@ class Evaluator:
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float, lead_ms: float | None = None,
-                    baseline_cached: bool = False, verdict: Callable[[list], bool] | None = None,
+                    baseline_cached: bool = False, judge: TrialJudge | None = None,
                     max_output_bytes: int | None = None) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
@@ -262,7 +262,7 @@ class Evaluator:
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
                and role == "reference",
                "ceilings_known": sorted(self.ceilings) if mode == "run" and role == "reference" else [],
-               "baseline_cached": baseline_cached, "verdict": verdict is not None,
+               "baseline_cached": baseline_cached, "verdict": judge is not None,
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}
@@ -272,7 +272,7 @@ class Evaluator:
         # one frame (a trial's outputs) at most what a worker may hold; all frames at most what the caller allows
         limits = _OutputLimits(max_bytes, max_output_bytes or (cfg.trials + 1) * max_bytes, cfg.trials)
         exit_ = sandbox.supervise(worker, str(workdir / "job.json"), timeout_s=timeout_s, rss_limit_bytes=max_bytes,
-                                  read_data=(lambda f, reply: _read_outputs(f, limits, verdict, reply))
+                                  read_data=(lambda f, reply: _read_outputs(f, limits, judge, reply))
                                   if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
@@ -334,16 +334,17 @@ class Evaluator:
     # --- run ----------------------------------------------------------------------------------------------
 
     def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
-            baseline_cached: bool = False, verdict: Callable[[list], bool] | None = None,
+            baseline_cached: bool = False, judge: TrialJudge | None = None,
             max_output_bytes: int | None = None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
-        None). A reference whose baseline is cached runs untimed; a candidate given `verdict` is timed and
-        profiled only if `verdict(its trials' outputs)` is true. `max_output_bytes` bounds everything the worker
-        may send (default: trials + 1 frames of `memory_limit_gb`)."""
+        None). A reference whose baseline is cached runs untimed. A candidate's trials go to `judge` as they
+        arrive (its outputs are then only the re-checked call's), and it is timed and profiled only if they
+        are right. `max_output_bytes` bounds everything the worker may send (default: trials + 1 frames of
+        `memory_limit_gb`)."""
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False,
                                timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached,
-                               verdict=verdict, max_output_bytes=max_output_bytes)
+                               judge=judge, max_output_bytes=max_output_bytes)
         outputs = None
         res = rep.result
         if isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
@@ -425,39 +426,44 @@ class _OutputLimits:
     trials: int
     reserve: int = 2 << 30
 
-    def next_frame(self, received: list) -> int:
-        cap = min(self.frame, self.total - tensor_bytes(received))
+    def next_frame(self, received: int) -> int:
+        cap = min(self.frame, self.total - received)
         available = sandbox.available_memory_bytes()
         return cap if available is None else max(0, min(cap, available - self.reserve))
 
-    def explain(self, received: list) -> str:
+    def explain(self, received: int) -> str:
         available = sandbox.available_memory_bytes()
         room = "" if available is None else f", {available / 2**30:.1f} GiB of memory available to the parent"
         return (f"a frame may be {self.frame / 2**30:g} GiB (--memory-gb), all frames "
-                f"{self.total / 2**30:.1f} GiB, {tensor_bytes(received) / 2**30:.1f} GiB already received{room}")
+                f"{self.total / 2**30:.1f} GiB, {received / 2**30:.1f} GiB already received{room}")
 
 
-def _read_outputs(f, limits: _OutputLimits, verdict: Callable[[list], bool] | None,
-                  reply: Callable[[bytes], None]) -> list | None:
+def _read_outputs(f, limits: _OutputLimits, judge: TrialJudge | None, reply: Callable[[bytes], None]) -> list | None:
     """A run worker's frames: one per correctness trial, sent as each trial ends, and then one for the re-checked
-    call (empty without timing); None unless every trial's frame came. With `verdict`, the worker waits after the
-    trials for the verdict on them (b"time" or b"stop")."""
-    go, trials = False, []
+    call (empty without timing); None unless every trial's frame came. A reference's trials are kept and
+    returned before the re-checked call's outputs. A candidate's go to `judge` one by one and only the re-checked
+    call's are returned; the worker waits after its trials for the verdict on them (b"time" or b"stop")."""
+    kept, received, n, go = [], 0, 0, False
     try:
-        while len(trials) < limits.trials:
-            frame = _read_frame(f, limits, trials)
+        while n < limits.trials:
+            frame = _read_frame(f, limits, received)
             if frame is None:  # the worker ended before its last trial: its report says why
                 return None
-            trials += frame
-        go = verdict is None or verdict(trials)
+            received, n = received + tensor_bytes(frame), n + len(frame)
+            for outs in frame:
+                if judge is None:
+                    kept.append(outs)
+                else:
+                    judge.add(outs)
+        go = judge is None or judge.comparison().outcome is Outcome.CORRECT
     finally:  # always answer, unreadable trials included: a worker left waiting would only run into its deadline
-        if verdict is not None:
+        if judge is not None:
             reply(b"time\n" if go else b"stop\n")
-    rest = _read_frame(f, limits, trials)
-    return trials + (rest or [])
+    rest = _read_frame(f, limits, received)
+    return kept + (rest or [])
 
 
-def _read_frame(f, limits: _OutputLimits, received: list) -> list | None:
+def _read_frame(f, limits: _OutputLimits, received: int) -> list | None:
     try:
         return read_trials(f, limits.next_frame(received))
     except OutputsTooLarge as e:
@@ -650,15 +656,10 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        error=f"task error: the reference Model failed ({why})",
                        extra={**extra, "task_error": True}, **base)
     start = time.monotonic()
-    early: dict[str, Comparison] = {}
-
-    def trials_right(trials: list) -> bool:  # in the reader thread, while the worker waits: time only what is right
-        early["cmp"] = compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
-        return early["cmp"].outcome is Outcome.CORRECT
-
+    judge = TrialJudge(ref.outputs, cfg.atol, cfg.rtol)  # fed in the reader thread while the worker runs
     # a right candidate sends what the reference did; the worker's own limit covers small tasks' wrong ones
     sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or []))
-    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), verdict=trials_right,
+    res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), judge=judge,
                           max_output_bytes=sendable)
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
@@ -671,11 +672,11 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         return _result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
                        deceptive_kind=res.get("deceptive_kind", ""), correctness_trials=cfg.trials,
                        extra={**extra, "phase": res.get("phase", "")}, **base)
-    trials, timing_outputs = _split(outputs, cfg.trials)
-    cmp = early.get("cmp") or compare_trials(ref.outputs, trials, cfg.atol, cfg.rtol)
+    timing_outputs = outputs[0] if outputs else None  # the trials went to the judge
+    cmp = judge.comparison()
     outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
     if cfg.robust:
-        findings, deceptive = _robust_check(cfg, ref, cmp, trials, timing_outputs, res.get("findings", []))
+        findings, deceptive = _robust_check(cfg, ref, cmp, judge.failing, timing_outputs, res.get("findings", []))
         extra["robust"] = {"findings": findings, "passed_comparison": cmp.outcome is Outcome.CORRECT}
         if deceptive:
             outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
@@ -749,8 +750,8 @@ def _timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float]
             "stop": t.stop_reason}
 
 
-def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, trials: list, timing_outputs: list | None,
-                  worker_findings: list[dict]) -> tuple[list[dict], bool]:
+def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, failing: list | None,
+                  timing_outputs: list | None, worker_findings: list[dict]) -> tuple[list[dict], bool]:
     """All findings, parent-verified evidence first, and whether they make the candidate deceptive: a correct
     candidate with any finding is; a failing one is only when its failure is the signature of a hack after it
     passed earlier trials (cached outputs, stale memory)."""
@@ -764,8 +765,8 @@ def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, trials: lis
                         or (DeceptiveKind.TIMING_OUTPUT_MISMATCH, "the last timing-loop call's outputs are wrong "
                             "(work was skipped inside the timing loop)"))
     elif cmp.outcome is Outcome.VALUE_MISMATCH and cmp.trials_passed > 0:
-        k = cmp.trials_passed
-        evidence = explain_mismatch(ref.outputs[:k], ref.outputs[k], trials[k], cfg.atol, cfg.rtol, f"trial {k}")
+        k = cmp.trials_passed  # `failing` holds trial k's outputs, the first that failed
+        evidence = explain_mismatch(ref.outputs[:k], ref.outputs[k], failing, cfg.atol, cfg.rtol, f"trial {k}")
         if evidence is None:
             return findings, False
     elif cmp.outcome is not Outcome.CORRECT:
