@@ -22,12 +22,25 @@ class Comparison:
 CHUNK = 1 << 24
 
 
+def _widened(t: torch.Tensor, wide: torch.dtype):
+    """Flat slices of `t`, `CHUNK` elements each, converted to `wide` one at a time."""
+    flat = t.reshape(-1)
+    for i in range(0, flat.numel(), CHUNK):
+        yield flat[i:i + CHUNK].to(wide)
+
+
 def _chunks(a: torch.Tensor, b: torch.Tensor):
     """Aligned flat slices of two same-shape tensors, widened (float64, complex128) one chunk at a time."""
     wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
-    fa, fb = a.reshape(-1), b.reshape(-1)
-    for i in range(0, fa.numel(), CHUNK):
-        yield fa[i:i + CHUNK].to(wide), fb[i:i + CHUNK].to(wide)
+    return zip(_widened(a, wide), _widened(b, wide))
+
+
+def all_close_to(t: torch.Tensor, value: complex | float, atol: float, rtol: float) -> bool:
+    """Would a tensor of `t`'s shape filled with `value` match `t` as a candidate against it (|value - t| <= atol +
+    rtol * |t|, NaN never matching a number)? Checked chunk by chunk, never materialising the constant tensor."""
+    wide = torch.complex128 if t.is_complex() or isinstance(value, complex) else torch.float64
+    return all(torch.allclose(torch.full_like(x, value), x, atol=atol, rtol=rtol, equal_nan=True)
+               for x in _widened(t, wide))
 
 
 def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> tuple[bool, float]:

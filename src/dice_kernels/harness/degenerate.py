@@ -34,19 +34,8 @@ def _constant_passes(trials: list[list[torch.Tensor]], value_of, atol: float, rt
                 value = torch.tensor(value, dtype=t.dtype).item()  # the constant as the output's dtype holds it
             else:
                 value = round(value.real if isinstance(value, complex) else value)
-            if not _all_close_to(t, value, atol, rtol):
+            if not compare.all_close_to(t, value, atol, rtol):
                 return False
-    return True
-
-
-def _all_close_to(t: torch.Tensor, value: complex | float, atol: float, rtol: float) -> bool:
-    """`outputs_match` of a constant tensor against `t`: |value - t| <= atol + rtol * |t|, NaN never matching."""
-    wide = torch.complex128 if t.is_complex() or isinstance(value, complex) else torch.float64
-    flat = t.reshape(-1)
-    for j in range(0, flat.numel(), compare.CHUNK):
-        x = flat[j:j + compare.CHUNK].to(wide)
-        if not torch.allclose(torch.full_like(x, value), x, atol=atol, rtol=rtol, equal_nan=True):
-            return False
     return True
 
 
@@ -59,7 +48,8 @@ def degenerate_flags(trials: list[list[torch.Tensor]], atol: float, rtol: float,
         "zero_output_passes": _constant_passes(trials, lambda i: 0.0, atol, rtol),
         "constant_output_passes": _constant_passes(trials, lambda i: means[i], atol, rtol),
         "input_copy_passes": input_copy_passes,
-        "output_ignores_inputs": len(trials) > 1 and compare.outputs_match(trials[1:], trials[:1] * (len(trials) - 1), atol, rtol),
+        "output_ignores_inputs": len(trials) > 1 and compare.outputs_match(trials[1:], trials[:1] * (len(trials) - 1),
+                                                                           atol, rtol),
     }
     flags["degenerate"] = any(flags.values())
     return flags
