@@ -61,21 +61,25 @@ class Platform:
         return cls("cpu", _cpu_name(), "", torch.__version__)
 
 
+def _first_visible_gpu() -> str:
+    """The GPU workers see as cuda:0: CUDA_VISIBLE_DEVICES' first entry (an index or a UUID; "0" when unset)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+
+
 def device_lock_key(platform: Platform) -> str:
     """The device an evaluation's workers use, named as every evaluation on this machine names it: "cpu", or
-    "cuda-" plus the first entry of CUDA_VISIBLE_DEVICES (an index or a UUID; "0" when unset)."""
+    "cuda-" plus `_first_visible_gpu()`."""
     if platform.backend != "cuda":
         return "cpu"
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
-    return "cuda-" + re.sub(r"[^A-Za-z0-9_.-]", "_", first)
+    return "cuda-" + re.sub(r"[^A-Za-z0-9_.-]", "_", _first_visible_gpu())
 
 
 def _gpu_name_and_arch() -> tuple[str, str]:
-    # the GPU the workers will see first: CUDA_VISIBLE_DEVICES' first entry (an index or a UUID, as nvidia-smi -i
-    # takes them); nvidia-smi keeps the parent free of a CUDA context
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    # the GPU the workers will see first, named as nvidia-smi -i takes it; nvidia-smi keeps the parent free of a
+    # CUDA context
     try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", first],
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader",
+                               "-i", _first_visible_gpu()],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         name, cap = (s.strip() for s in line.split(","))
         return name, cap
@@ -688,7 +692,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
         extra["speedup_ci95"] = [lo, hi]
         extra["timing"] = {"ref": _timing_summary(ref_t, reference_time_ms), "cand": _timing_summary(cand_t)}
         flags = []
-        if stream_escape(cand_t):  # charged at the host clock already; flagged so nobody trusts its events
+        if stream_escape(cand_t):  # charged its tail already; flagged so nobody trusts its events
             flags.append("work_escaped_default_stream")
         if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
             flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
@@ -746,7 +750,8 @@ def _timing_fields(res: dict) -> dict:
 
 def _timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] = effective_time_ms) -> dict:
     return {"median_ms": t.median_ms, "effective_ms": reported(t), "ci_ms": list(t.ci_ms),
-            "host_ms": t.host_ms_per_iter, "tail_ms": t.tail_ms, "samples": len(t.times_ms), "input_sets": t.n_input_sets,
+            "host_ms": t.host_ms_per_iter, "tail_ms": t.tail_ms, "samples": len(t.times_ms),
+            "input_sets": t.n_input_sets,
             "stop": t.stop_reason}
 
 

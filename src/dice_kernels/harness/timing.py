@@ -2,10 +2,10 @@
 
 This module owns the measurement itself and the arithmetic on it, nothing else: how many rotating input sets to
 pre-generate, the cache flush (and persisting-L2 reset), the GPU lead that keeps host launch latency out of the
-events, the adaptive timed loop with its two clocks (per-call CUDA events or `perf_counter`, and a host clock per
-iteration that runs until every stream and thread the call started has finished), the times we report, the
-stream-escape flag, bootstrap speedup intervals, speed-of-light bounds and the KernelBench-style timer kept for
-comparison. It never imports candidate code, writes files or spawns processes (it reads /proc and sysfs); the
+events, the adaptive timed loop with its clocks (per-call CUDA events or `perf_counter`, and the tail per
+iteration: how long every stream and thread the call started ran on after the per-call clock stopped), the
+times we report, the stream-escape flag, bootstrap speedup intervals, speed-of-light bounds and the
+KernelBench-style timer kept for comparison. It never imports candidate code, writes files or spawns processes (it reads /proc and sysfs); the
 worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
 
@@ -296,7 +296,7 @@ def _effective_scale(samples: TimingSamples) -> float:
 
 def reference_time_ms(samples: TimingSamples) -> float:
     """The reference's reported time: its per-call median. The reference is the task's own trusted `Model`, so a
-    gap on its host clock is noise, never escaped work; charging it would inflate every candidate's speedup."""
+    tail is noise, never escaped work; charging it would inflate every candidate's speedup."""
     return samples.median_ms
 
 
