@@ -46,14 +46,14 @@ def build(
     jobs: Optional[int] = typer.Option(None, help="Parallel compiles [default: CPU count]."),
     run_workers: int = typer.Option(0, help="Concurrent run workers (timing stays one at a time) "
                                     "[default: 4 on CUDA, 1 on CPU]."),
-    memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most output bytes "
-                                          "one worker may send (a task with huge outputs needs more)."),
+    memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most one "
+                                    "trial's outputs may take."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
     limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
     import_results: Optional[list[Path]] = typer.Option(
-        None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on another GPU or machine) whose "
-                   "results verify reuses (repeatable)."),
+        None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on "
+                                                "another GPU or machine) whose results verify reuses (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report."""
