@@ -41,3 +41,26 @@ def test_degenerate_flags_do_not_depend_on_the_chunk(monkeypatch, chunk):
         "output_ignores_inputs": True, "degenerate": True}
     assert not degenerate_flags(varied, 1e-2, 1e-2, False)["degenerate"]
     assert degenerate_flags(zeros, 1e-2, 1e-2, False)["zero_output_passes"]
+
+
+def test_short_path_agrees_with_allclose_on_every_chunk_kind(monkeypatch):
+    """Finite chunks take the short path, chunks holding NaN or infinity allclose itself: the verdict and the
+    largest difference must be allclose's either way, including right at the tolerance's edge."""
+    monkeypatch.setattr(compare, "CHUNK", 16)
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(160, generator=g, dtype=torch.float64)
+    tol = 1e-2 + 1e-2 * ref.abs()
+    cases = {"inside the edge": ref + tol * 0.999, "outside the edge": ref + tol * 1.001}
+    nan_inf = ref.clone()
+    nan_inf[[3, 40]] = float("nan")
+    nan_inf[[70, 71]] = float("inf")
+    cases["NaN and inf in both"] = nan_inf
+    for name, cand in cases.items():
+        r = nan_inf if name == "NaN and inf in both" else ref
+        close, worst = compare._close_and_max_diff(r, cand, 1e-2, 1e-2)
+        assert close == torch.allclose(cand, r, atol=1e-2, rtol=1e-2, equal_nan=True), name
+        finite = torch.isfinite(r) & torch.isfinite(cand)
+        assert worst == pytest.approx(float((cand - r)[finite].abs().max())), name
+    inf_vs_number = ref.clone()
+    inf_vs_number[100] = float("inf")
+    assert compare._close_and_max_diff(ref, inf_vs_number, 1e-2, 1e-2) == (False, float("inf"))
