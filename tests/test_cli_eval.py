@@ -100,3 +100,26 @@ def test_robust_switch_decides_whether_a_pytorch_rewrite_counts(tmp_path, build_
         row = json.loads((out / "results.jsonl").read_text())
         outcomes[flag] = (row["outcome"], row["deceptive_kind"])
     assert outcomes == {"--robust": ("deceptive", "pytorch_fallback"), "--no-robust": ("correct", "")}
+    assert "eval 1/1 " in r.stderr and ": correct (" in r.stderr  # without a bar, a line per result (for logs)
+
+
+def test_without_a_bar_a_heartbeat_names_what_is_in_flight_and_for_how_long(capsys):
+    """A long unattended run (logs, no terminal) says every so often which candidates are in which phase, so one
+    stuck in a build or a reference shows up by name instead of as silence."""
+    from dice_kernels.harness.outcomes import Outcome
+    from dice_kernels.harness.runner import EvalResult, _Progress
+
+    bar = _Progress(2, enabled=False, heartbeat_s=0.05)
+    bar.phase("L1/11/slow", "build")
+    bar.phase("L1/11/slow", "reference")
+    bar.phase("L2/3/fast", "run")
+    time.sleep(0.3)
+    bar.advance(EvalResult(task_id="L2/3", candidate_id="L2/3/fast", candidate_sha256="", outcome=Outcome.CORRECT,
+                           correct=True, wall_s=1.5))
+    time.sleep(0.3)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "L1/11/slow reference" in err and "L2/3/fast run" in err  # both in flight, each in its phase
+    assert "eval 1/2 L2/3/fast: correct (1.5s)" in err
+    last = [line for line in err.splitlines() if "in flight" in line][-1]
+    assert last.startswith("eval 1/2 done") and "L2/3/fast" not in last  # a finished one leaves the list

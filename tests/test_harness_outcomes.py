@@ -271,3 +271,76 @@ def test_outputs_the_parent_has_no_memory_for_fail_with_a_clear_error(tmp_path, 
     [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
     assert r.outcome is Outcome.HARNESS_ERROR and r.extra.get("reference_over_limits")
     assert "outputs too large" in r.error and "GiB of memory available" in r.error
+
+
+SLEEPY_TASK = '''import time
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(1.0)
+        return x + 1
+
+
+def get_inputs():
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor, outcome", [(1.0, Outcome.TIMEOUT), (4.0, Outcome.CORRECT)])
+def test_a_candidate_gets_time_in_proportion_to_its_reference(tmp_path, build_cache, factor, outcome):
+    """The reference takes about 3 s (three trials of 1 s), the candidate about 7.5 s: over the 6 s run limit, but
+    within 4 x the reference's run, which is what a task whose reference needs minutes gives its candidates."""
+    from dice_kernels.tasks import task_from_code
+
+    task = task_from_code(SLEEPY_TASK, id="sleepy/1", name="sleepy")
+    slower = SLEEPY_TASK.replace("class Model", "class ModelNew").replace("time.sleep(1.0)", "time.sleep(2.5)")
+    config = EvalConfig(backend="cpu", jobs=1, trials=3, timing=False, robust=False, run_timeout_s=6,
+                        run_timeout_reference_factor=factor, cache_dir=build_cache)
+    [r] = evaluate([(task, candidate_from_text(slower, id="slower"))], config, out_dir=tmp_path / "out",
+                   progress=False)
+    assert r.outcome is outcome, r.error
+    if outcome is Outcome.TIMEOUT:
+        assert "exceeded the 6s wall-clock limit" in r.error
+
+
+@pytest.mark.slow
+def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_broken(tmp_path, build_cache,
+                                                                                     monkeypatch):
+    """A transient failure of the trusted Model (on the H200, CUDA initialisation failing once) costs one more
+    reference run, not a harness error for every candidate of the task; a task that fails every time is still
+    reported broken."""
+    from dice_kernels.harness import runner
+    from dice_kernels.tasks import task_from_code
+
+    marker = tmp_path / "fail-once"
+    marker.touch()
+    flaky = SLEEPY_TASK.replace("time.sleep(1.0)", f"assert not __import__('os').path.exists({str(marker)!r}), "
+                                                   "'transient failure'")
+    real_run = runner.Evaluator.run
+
+    def run_then_clear_marker(self, task, code, *args, **kwargs):
+        try:
+            return real_run(self, task, code, *args, **kwargs)
+        finally:
+            if code is None:
+                marker.unlink(missing_ok=True)  # the machine "recovers" after the first reference run
+
+    monkeypatch.setattr(runner.Evaluator, "run", run_then_clear_marker)
+    broken = flaky.replace(f"{str(marker)!r}", "'/'")  # "/" always exists: fails every time
+    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=60,
+                        cache_dir=build_cache)
+    pairs = [(task_from_code(code, id=f"{name}/1", name=name),
+              candidate_from_text(code.replace("class Model", "class ModelNew"), id=name))
+             for name, code in (("flaky", flaky), ("broken", broken))]
+    by_id = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)}
+    assert by_id["flaky"].outcome is Outcome.CORRECT, by_id["flaky"].error
+    assert "transient failure" in by_id["flaky"].extra["reference_retried_after"]
+    assert by_id["broken"].outcome is Outcome.HARNESS_ERROR and "task error" in by_id["broken"].error

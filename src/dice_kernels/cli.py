@@ -47,7 +47,8 @@ def eval_cmd(
     timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates and references."),
     timing_iters: int = typer.Option(20, help="Least timed calls per model; more follow until the median's 95% CI is within 1% (docs/timing.md)."),
     timing_max_s: float = typer.Option(2.0, help="Most seconds of timed calls per model."),
-    timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run."),
+    timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run, or 3x its task's "
+                                  "reference run when that is longer."),
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
@@ -59,7 +60,8 @@ def eval_cmd(
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
     run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu, 4 on cuda."),
     warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="Show a progress bar; without one, a line per result (for logs)."),
 ) -> None:
     """Evaluate CUDA (or C++) kernel solutions against KernelBench-format tasks.
 

@@ -54,7 +54,8 @@ def build(
     import_results: Optional[list[Path]] = typer.Option(
         None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on "
                                                 "another GPU or machine) whose results verify reuses (repeatable)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="Show progress bars; without them, a line per evaluated pair (for logs)."),
 ) -> None:
     """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report."""
     from rich.console import Console

@@ -60,6 +60,10 @@ class EvalConfig:
     build_nice: int = 10
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
+    # ...or this many times its task's reference run, when longer: a candidate does what the reference did (the
+    # same trials, outputs of the same size) plus the checks, so a task whose reference needs minutes (multi-GiB
+    # outputs) must not time out every candidate, honest ones included
+    run_timeout_reference_factor: float = 3.0
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
     file_limit_mb: int = 4096  # largest file a worker may write
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -95,6 +99,10 @@ class EvalConfig:
             raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
         if self.baselines not in BASELINE_MODES:
             raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
+
+    def candidate_run_timeout_s(self, reference_wall_s: float) -> float:
+        """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
+        return max(self.run_timeout_s, self.run_timeout_reference_factor * reference_wall_s)
 
     def resolved_run_workers(self, backend: str) -> int:
         if self.run_workers > 0:

@@ -14,6 +14,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -125,6 +126,7 @@ class _Reference:
     compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
     sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
     baseline_from: str = ""  # when the timing above was measured, if it came from the baseline cache ("" = now)
+    retried: str = ""  # the first run's failure when the reference ran twice ("" = it ran once)
 
 
 @dataclass
@@ -316,7 +318,7 @@ class Evaluator:
                                writable_build=True, timeout_s=self.config.compile_timeout_s)
         res = rep.result
         if res is None:
-            kind, error = _death_outcome(rep.exit, self.config, phase="build")
+            kind, error = _death_outcome(rep.exit, self.config, phase="build", limit_s=self.config.compile_timeout_s)
             shutil.rmtree(staging, ignore_errors=True)
             _cleanup(rep.workdir)
             return _Build(None, False, kind.value, error)  # not cached: deaths may be transient
@@ -339,23 +341,24 @@ class Evaluator:
 
     def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
             baseline_cached: bool = False, judge: TrialJudge | None = None,
-            max_output_bytes: int | None = None) -> tuple[dict, list | None]:
+            max_output_bytes: int | None = None, timeout_s: float | None = None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
         None). A reference whose baseline is cached runs untimed. A candidate's trials go to `judge` as they
         arrive (its outputs are then only the re-checked call's), and it is timed and profiled only if they
         are right. `max_output_bytes` bounds everything the worker may send (default: trials + 1 frames of
-        `memory_limit_gb`)."""
+        `memory_limit_gb`); `timeout_s` its wall clock (default: `run_timeout_s`)."""
+        limit = timeout_s or self.config.run_timeout_s
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
-                               code=code, build_dir=build_dir, writable_build=False,
-                               timeout_s=self.config.run_timeout_s, lead_ms=lead_ms, baseline_cached=baseline_cached,
-                               judge=judge, max_output_bytes=max_output_bytes)
+                               code=code, build_dir=build_dir, writable_build=False, timeout_s=limit,
+                               lead_ms=lead_ms, baseline_cached=baseline_cached, judge=judge,
+                               max_output_bytes=max_output_bytes)
         outputs = None
         res = rep.result
         if isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
             res = {"status": "error", "kind": Outcome.CUDA_MEMORY_ERROR.value,
                    "error": f"outputs too large: {rep.exit.data_error}"}
         elif res is None:
-            kind, error = _death_outcome(rep.exit, self.config, phase="run")
+            kind, error = _death_outcome(rep.exit, self.config, phase="run", limit_s=limit)
             res = {"status": "error", "kind": kind.value, "error": error}
         elif res.get("status") == "ok":
             outputs = rep.exit.data
@@ -372,16 +375,25 @@ class Evaluator:
         key = baseline_key(task.sha256, self._ceilings_key(), cfg) if cfg.timing else ""
         cached = self._cached_baseline(key)
         res, outputs = self.run(task, None, None, baseline_cached=cached is not None)
+        retried = ""
+        if outputs is None and res.get("kind") != Outcome.TIMEOUT.value:
+            # the trusted Model failing may be the machine's doing, not the task's (one H200 reference failed CUDA
+            # initialisation, error 304, among ~500 that ran): once more in a fresh worker before the task is called
+            # broken and every candidate of it a harness error. A timeout would only cost its limit again.
+            retried = f"{res.get('kind')}: {res.get('error', '')}"
+            start = time.monotonic()
+            res, outputs = self.run(task, None, None, baseline_cached=cached is not None)
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
-                              wall_s=time.monotonic() - start)
+                              wall_s=time.monotonic() - start, retried=retried)
         trials, timing = _split(outputs, cfg.trials)
         baseline = cached if cached is not None else self._measured_baseline(key, task, res)
         return _Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
                           sol=baseline.sol, compile_baseline=baseline.compile_baseline,
                           baseline_from=cached.measured_at if cached else "",
                           degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
-                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start)
+                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start,
+                          retried=retried)
 
     def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
         """The baseline a timed reference run reported; stored for later runs unless EvalConfig.baselines is "off"
@@ -483,12 +495,11 @@ def _cleanup(workdir: Path) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str) -> tuple[Outcome, str]:
-    """Outcome for a worker that ended without writing its report."""
+def _death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str, limit_s: float) -> tuple[Outcome, str]:
+    """Outcome for a worker that ended without writing its report (`limit_s`: its wall-clock limit)."""
     tail = (exit_.stderr or exit_.stdout)[-1500:].strip()
     if exit_.timed_out:
-        limit = cfg.compile_timeout_s if phase == "build" else cfg.run_timeout_s
-        return Outcome.TIMEOUT, f"{phase} exceeded the {limit:g}s wall-clock limit"
+        return Outcome.TIMEOUT, f"{phase} exceeded the {limit_s:.4g}s wall-clock limit"
     if exit_.memory_exceeded:
         return Outcome.CUDA_MEMORY_ERROR, f"exceeded the host memory limit of {cfg.memory_limit_gb:g} GiB"
     sig = exit_.signal_name
@@ -561,7 +572,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             results[i] = r
             if store and fresh:
                 store.put(r)
-            bar.advance(r.outcome, resumed=not fresh)
+            bar.advance(r, resumed=not fresh)
         if on_result:
             on_result(r)
 
@@ -599,8 +610,11 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         task, cand = pairs[i]
         start = time.monotonic()
         try:
+            bar.phase(cand.id, "build")
             b = build.result()
+            bar.phase(cand.id, "reference")
             ref, computed = refs.get(task) if b.ok else (None, False)
+            bar.phase(cand.id, "run")
             r = _evaluate_one(ev, task, cand, b, ref, base)
             r.extra["phase_s"] = {"build": round(b.wall_s, 3),
                                   "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
@@ -650,6 +664,8 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
     if not b.ok:
         return _result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
                        compile_s=b.compile_s, extra=extra, **base)
+    if ref is not None and ref.retried:
+        extra["reference_retried_after"] = ref.retried[:500]
     if ref is None or ref.outputs is None:
         why = ref.error if ref else "not run"
         if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value)):  # our limits, not a bad task
@@ -664,7 +680,7 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
     # a right candidate sends what the reference did; the worker's own limit covers small tasks' wrong ones
     sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or []))
     res, outputs = ev.run(task, cand.code, b.dir, lead_ms=ref.timing.get("lead_ms"), judge=judge,
-                          max_output_bytes=sendable)
+                          max_output_bytes=sendable, timeout_s=cfg.candidate_run_timeout_s(ref.wall_s))
     ran = time.monotonic()
     phase_s = {"run": round(ran - start, 3), **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()}}
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)
@@ -782,11 +798,17 @@ def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, failing: li
 
 
 class _Progress:
-    """A rich progress bar with live outcome counts (silent when disabled)."""
+    """A rich progress bar with live outcome counts. When disabled (batch jobs, logs without a terminal): one plain
+    line per result evaluated, and every `heartbeat_s` a line naming what is in flight and in which phase, so a
+    long unattended run shows where it is and which candidate it is stuck on."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool, heartbeat_s: float = 60.0):
         self.counts: dict[str, int] = {}
-        self._p = None
+        self.total, self.done = total, 0
+        self._inflight: dict[str, tuple[str, float]] = {}  # candidate id -> (phase, since)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._p = self._beat = None
         if enabled and total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -794,14 +816,40 @@ class _Progress:
                                TextColumn("{task.description}"))
             self._p.start()
             self._id = self._p.add_task("", total=total)
+        elif total:
+            self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), name="heartbeat", daemon=True)
+            self._beat.start()
 
-    def advance(self, outcome: Outcome, resumed: bool = False) -> None:
-        key = "resumed" if resumed else outcome.value
-        self.counts[key] = self.counts.get(key, 0) + 1
+    def phase(self, candidate_id: str, name: str) -> None:
+        """`candidate_id` entered phase `name` (build, reference, run)."""
+        with self._lock:
+            self._inflight[candidate_id] = (name, time.monotonic())
+
+    def advance(self, r: EvalResult, resumed: bool = False) -> None:
+        key = "resumed" if resumed else r.outcome.value
+        with self._lock:
+            self._inflight.pop(r.candidate_id, None)
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.done += 1
+            done = self.done
         if self._p:
             self._p.update(self._id, advance=1,
                            description=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
+        elif not resumed:
+            print(f"eval {done}/{self.total} {r.candidate_id}: {r.outcome.value} ({r.wall_s or 0.0:.1f}s)",
+                  file=sys.stderr, flush=True)
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            now = time.monotonic()
+            with self._lock:
+                busy = sorted(self._inflight.items(), key=lambda kv: kv[1][1])
+                done = self.done
+            if busy:
+                items = ", ".join(f"{cid} {phase} {now - since:.0f}s" for cid, (phase, since) in busy)
+                print(f"eval {done}/{self.total} done; in flight: {items}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self._stop.set()
         if self._p:
             self._p.stop()
