@@ -7,6 +7,7 @@ reports for it. Usage on the H200:
 
     python benchmarks/timing_stability.py --out timing_stability.json          # N=20, K=5, < 9 minutes
     python benchmarks/timing_stability.py --smoke --out /tmp/smoke.json          # tiny CPU-only check
+    python benchmarks/timing_stability.py --probe --out probe.json               # + where the spread comes from
 
 Phases: (1) build: every candidate tried is compiled in its own process, 16 at a time, with
 TORCH_EXTENSIONS_DIR per pair so later processes reload the build instead of compiling (pairs reuse extension
@@ -161,7 +162,7 @@ def _summary(s: T.TimingSamples) -> dict:
 
 
 def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan: T.TimingPlan,
-             flush_cache_bytes: int | None) -> dict:
+             flush_cache_bytes: int | None, probe_variance: bool = False) -> dict:
     """Both protocols on reference and candidate, in this (fresh) process, under the timing lock."""
     task, ref, new = _models(pair_id, pairs_path)
     set_bytes = _set_bytes(task)
@@ -176,11 +177,32 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
         ours_new = T.time_calls(new, sets, dataclasses.replace(plan, lead_ms=ours_ref.lead_ms), device, flush)
         kb_ref = T.kernelbench_style_ms(ref, sets[0], device=device)
         kb_new = T.kernelbench_style_ms(new, sets[0], device=device)
+        probe = _probe(ref, task, sets, plan, device, flush) if probe_variance else None
         T.synchronize(device)
     med, lo, hi = T.speedup_interval(ours_ref, ours_new)
     return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes,
             "ours": {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ours_ref), "cand": _summary(ours_new)},
-            "kb": {"speedup": kb_ref / kb_new, "ref_ms": kb_ref, "cand_ms": kb_new}}
+            "kb": {"speedup": kb_ref / kb_new, "ref_ms": kb_ref, "cand_ms": kb_new},
+            **({"probe": probe} if probe else {})}
+
+
+def _probe(ref, task, sets: list, plan: T.TimingPlan, device: str, flush) -> dict:
+    """Where a process's reference median comes from (--probe): timed twice more on the same input sets (drift
+    within the process), twice on input sets allocated afresh (where its buffers landed), and the GPU clock
+    before and after (cycles of the spin kernel per ms). The parent compares each spread with the spread of
+    the same reference across processes."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"  # the spin kernel that reads the clock is CUDA's; a CPU run records none
+    clock = [T.spin_cycles_per_ms(dev)] if cuda else []
+    same = [T.time_calls(ref, sets, plan, device, flush).median_ms for _ in range(2)]
+    fresh = []
+    for k in range(2):
+        spacer = torch.empty(64 << 20, dtype=torch.uint8, device=device)  # new sets land elsewhere in memory
+        moved = [_inputs(task, 1 + i, device) for i in range(len(sets))]
+        fresh.append(T.time_calls(ref, moved, plan, device, flush).median_ms)
+        del spacer, moved
+    clock += [T.spin_cycles_per_ms(dev)] if cuda else []
+    return {"ref_same_sets_ms": same, "ref_fresh_sets_ms": fresh, "clock_cycles_per_ms": clock}
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -194,6 +216,8 @@ def _child(args: argparse.Namespace, flag: str, pair_id: str, timeout: float) ->
     cmd = [sys.executable, __file__, flag, pair_id, "--pairs", str(args.pairs), "--cache", str(args.cache)]
     if args.smoke:
         cmd.append("--smoke")
+    if args.probe:
+        cmd.append("--probe")
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -206,6 +230,17 @@ def _child(args: argparse.Namespace, flag: str, pair_id: str, timeout: float) ->
 
 def _spread(values: list[float]) -> float:
     return max(values) / min(values) if values and min(values) > 0 else float("inf")
+
+
+def _probe_summary(runs: list[dict]) -> dict:
+    """A pair's reference: its median's spread across processes, next to its spreads within one process (the
+    median over processes) and the GPU clock's spread across processes (None without clock readings)."""
+    probes = [r["probe"] for r in runs if "probe" in r]
+    clocks = [statistics.mean(p["clock_cycles_per_ms"]) for p in probes if p["clock_cycles_per_ms"]]
+    return {"ref_across_processes": _spread([r["ours"]["ref"]["median_ms"] for r in runs]),
+            "ref_same_sets_within": statistics.median(_spread(p["ref_same_sets_ms"]) for p in probes),
+            "ref_fresh_sets_within": statistics.median(_spread(p["ref_fresh_sets_ms"]) for p in probes),
+            "clock_across_processes": _spread(clocks) if clocks else None}
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -224,6 +259,9 @@ def aggregate(runs: list[dict]) -> dict:
                      "ours_escape_flagged": all(r["ours"]["cand"]["escape"] for r in rs),
                      # what a harness using our protocol would reward: a CI above 1 and no escape flag
                      "ours_rewarded_faster": any(r["ours"]["lo"] > 1 and not r["ours"]["cand"]["escape"] for r in rs)})
+    for row in rows:
+        if any("probe" in r for r in by_id[row["id"]]):
+            row["probe"] = _probe_summary(by_id[row["id"]])
     honest = [r for r in rows if not r["adversarial"] and r["reps"] >= 2]
     summary = {}
     for proto in ("ours", "kb"):
@@ -262,6 +300,15 @@ def print_table(agg: dict) -> None:
                 ", rewarded as faster by ours!" if r["ours_rewarded_faster"] else ", never rewarded by ours")
         print(f"{r['id']:>14} {r['reps']:>4} {r['ref_ms']:>9.4f} | {r['ours_median']:>7.3f} {r['ours_spread']:>7.3f}"
               f" | {r['kb_median']:>7.3f} {r['kb_spread']:>7.3f} | {note}")
+    probed = [r for r in agg["rows"] if "probe" in r]
+    if probed:
+        print(f"{'pair':>14} | reference median spread: across processes, within (same sets), within (fresh sets)"
+              " | GPU clock spread across processes")
+        for r in probed:
+            p = r["probe"]
+            print(f"{r['id']:>14} | {p['ref_across_processes']:.3f} {p['ref_same_sets_within']:.3f} "
+                  f"{p['ref_fresh_sets_within']:.3f} | "
+                  + (f"{p['clock_across_processes']:.3f}" if p["clock_across_processes"] else "-"))
     for proto, s in agg["summary"].items():
         if s["pairs"]:
             print(f"{proto:>5}: {s['pairs']} pairs, max/min speedup ratio over repeats: median {s['median_spread']:.4f},"
@@ -341,6 +388,10 @@ def main() -> None:
     ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                     help="re-aggregate a saved --out file under the current reporting rule (reference at its "
                          "median; candidate at its median, or its host time when flagged) and print the table")
+    ap.add_argument("--probe", action="store_true",
+                    help="also time each process's reference twice more on its input sets and twice on sets "
+                         "allocated afresh, and read the GPU clock, to tell drift, buffer placement and clocks "
+                         "apart as causes of the spread across processes (about 4 reference timings per process)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -358,7 +409,8 @@ def main() -> None:
         else:
             plan, flush_bytes = T.TimingPlan(warmup=5, min_iters=50, max_iters=5000, min_time_s=0.2,
                                              max_time_s=1.5, target_rel_ci=0.005), None
-        result = time_one(args.one, args.pairs, device, Path(args.cache) / "timing.lock", plan, flush_bytes)
+        result = time_one(args.one, args.pairs, device, Path(args.cache) / "timing.lock", plan, flush_bytes,
+                          probe_variance=args.probe)
         print(RESULT + json.dumps(result), flush=True)
     else:
         main_parent(args)

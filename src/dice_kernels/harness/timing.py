@@ -371,7 +371,7 @@ def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device,
     return (t1 - t0) / 1e6, (t2 - t0) / 1e6, (t2 - t1) / 1e6
 
 
-def _spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
+def spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
     """GPU clock cycles the spin kernel burns per millisecond, measured (clocks differ by GPU and power state)."""
     rates = []
     for _ in range(3):
@@ -430,7 +430,7 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     issue_ms = _warm_up(call, input_sets, plan, dev, flush)
     cuda = dev.type == "cuda"
     lead_ms = (plan.lead_ms if plan.lead_ms is not None else lead_ms_for(issue_ms, plan)) if cuda else 0.0
-    lead = max(1, int(lead_ms * _spin_cycles_per_ms(dev))) if cuda else 0
+    lead = max(1, int(lead_ms * spin_cycles_per_ms(dev))) if cuda else 0
     noop_deadline = _now_s() + 60.0
 
     def noop() -> tuple[float, float]:  # (host, tail) of a step around nothing
