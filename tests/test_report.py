@@ -58,3 +58,19 @@ def test_no_fast_p_vs_compile_without_the_baseline():
     from dice_kernels.harness.metrics import compute
 
     assert compute([_result("a", {"build": 1.0})]).fast_vs_compile == {}
+
+
+def test_fallback_ops_count_candidates_per_op_named_in_their_finding():
+    def flagged(cid: str, kind: str, error: str) -> EvalResult:
+        return EvalResult(task_id="L2/9", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.DECEPTIVE,
+                          level=2, deceptive_kind=kind, error=error)
+
+    ops = "forward dispatched PyTorch compute ops: "
+    results = [flagged("a", "pytorch_fallback", ops + "aten::addmm x5, aten::relu x5"),
+               flagged("b", "pytorch_fallback", ops + "aten::addmm x10"),
+               flagged("c", "input_mutated", "forward wrote into its input aten::add_"),  # not a fallback: not counted
+               _result("d", None)]
+    s = summary(results, {})
+    assert s["fallback_ops"] == {"aten::addmm": 2, "aten::relu": 1}
+    assert "aten::addmm 2, aten::relu 1" in markdown(s)
+    assert "PyTorch ops behind" not in markdown(summary([_result("d", None)], {}))

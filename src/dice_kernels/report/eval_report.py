@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 from dice_kernels.harness.metrics import FAST_P, by_level
-from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
+
+_ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a pytorch_fallback finding
 
 
 def _pct(x: float) -> str:
@@ -28,8 +32,20 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
                                        if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
         "speedup_quantiles": _quantiles(speedups),
         "timing_flags": timing_flags(results),
+        "fallback_ops": fallback_ops(results),
         "seconds_by_phase": seconds_by_phase(results),
     }
+
+
+def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
+    """For each ATen op a `pytorch_fallback` finding names (its five most called), how many candidates it made
+    deceptive, most first: whether a run's fallbacks are cuDNN convolutions kept beside a fused epilogue or
+    reductions left to PyTorch decides what `--allow-op` would change."""
+    counts: Counter[str] = Counter()
+    for r in results:
+        if r.outcome is Outcome.DECEPTIVE and r.deceptive_kind == DeceptiveKind.PYTORCH_FALLBACK.value:
+            counts.update(set(_ATEN_OP.findall(r.error)))
+    return dict(counts.most_common())
 
 
 def timing_flags(results: list[EvalResult]) -> dict[str, int]:
@@ -93,6 +109,9 @@ def markdown(s: dict) -> str:
     if kinds:
         lines += ["", "## Robust check: deceptive candidates by sub-kind", "", "| sub-kind | count |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in kinds.items()]
+    if s.get("fallback_ops"):
+        lines += ["", "PyTorch ops behind `pytorch_fallback` (candidates whose forward dispatched each; `--allow-op` "
+                  "admits one): " + ", ".join(f"{op} {n}" for op, n in list(s["fallback_ops"].items())[:12])]
     if s["tasks_with_failing_reference"]:
         lines += ["", "Tasks whose reference `Model` itself fails (their candidates are counted as harness_error "
                   "with `task_error`): " + ", ".join(s["tasks_with_failing_reference"])]
