@@ -158,7 +158,8 @@ def build_one(pair_id: str, pairs_path: Path, device: str) -> dict:
 def _summary(s: T.TimingSamples) -> dict:
     return {"median_ms": s.median_ms, "ci_ms": s.ci_ms, "host_ms": s.host_ms_per_iter, "tail_ms": s.tail_ms,
             "effective_ms": T.effective_time_ms(s), "escaped_ratio": s.escaped_ratio, "escape": T.stream_escape(s),
-            "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s}
+            "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s,
+            "sm_clock_mhz": s.sm_clock_mhz, "time_sm_clock_corr": s.time_sm_clock_corr}
 
 
 def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan: T.TimingPlan,
@@ -188,21 +189,17 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
 
 def _probe(ref, task, sets: list, plan: T.TimingPlan, device: str, flush) -> dict:
     """Where a process's reference median comes from (--probe): timed twice more on the same input sets (drift
-    within the process), twice on input sets allocated afresh (where its buffers landed), and the GPU clock
-    before and after (cycles of the spin kernel per ms). The parent compares each spread with the spread of
-    the same reference across processes."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"  # the spin kernel that reads the clock is CUDA's; a CPU run records none
-    clock = [T.spin_cycles_per_ms(dev)] if cuda else []
+    within the process) and twice on input sets allocated afresh (where its buffers landed). The parent compares
+    each spread with the spread of the same reference across processes, and with the SM clock each timing loop
+    read off its leads (`TimingSamples.sm_clock_mhz`)."""
     same = [T.time_calls(ref, sets, plan, device, flush).median_ms for _ in range(2)]
     fresh = []
-    for k in range(2):
+    for _ in range(2):
         spacer = torch.empty(64 << 20, dtype=torch.uint8, device=device)  # new sets land elsewhere in memory
         moved = [_inputs(task, 1 + i, device) for i in range(len(sets))]
         fresh.append(T.time_calls(ref, moved, plan, device, flush).median_ms)
         del spacer, moved
-    clock += [T.spin_cycles_per_ms(dev)] if cuda else []
-    return {"ref_same_sets_ms": same, "ref_fresh_sets_ms": fresh, "clock_cycles_per_ms": clock}
+    return {"ref_same_sets_ms": same, "ref_fresh_sets_ms": fresh}
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -234,13 +231,16 @@ def _spread(values: list[float]) -> float:
 
 def _probe_summary(runs: list[dict]) -> dict:
     """A pair's reference: its median's spread across processes, next to its spreads within one process (the
-    median over processes) and the GPU clock's spread across processes (None without clock readings)."""
+    median over processes), the spread of its timing loops' median SM clock across processes, and the median
+    rank correlation of its per-call times with the clock within a loop (None without clock readings: CPU)."""
     probes = [r["probe"] for r in runs if "probe" in r]
-    clocks = [statistics.mean(p["clock_cycles_per_ms"]) for p in probes if p["clock_cycles_per_ms"]]
-    return {"ref_across_processes": _spread([r["ours"]["ref"]["median_ms"] for r in runs]),
+    refs = [r["ours"]["ref"] for r in runs]
+    clocks = [ref["sm_clock_mhz"][1] for ref in refs if ref.get("sm_clock_mhz")]
+    return {"ref_across_processes": _spread([ref["median_ms"] for ref in refs]),
             "ref_same_sets_within": statistics.median(_spread(p["ref_same_sets_ms"]) for p in probes),
             "ref_fresh_sets_within": statistics.median(_spread(p["ref_fresh_sets_ms"]) for p in probes),
-            "clock_across_processes": _spread(clocks) if clocks else None}
+            "clock_across_processes": _spread(clocks) if clocks else None,
+            "time_clock_corr": statistics.median(ref["time_sm_clock_corr"] for ref in refs) if clocks else None}
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -303,12 +303,13 @@ def print_table(agg: dict) -> None:
     probed = [r for r in agg["rows"] if "probe" in r]
     if probed:
         print(f"{'pair':>14} | reference median spread: across processes, within (same sets), within (fresh sets)"
-              " | GPU clock spread across processes")
+              " | SM clock spread across processes, time-clock rank correlation within a loop")
         for r in probed:
             p = r["probe"]
+            clock = (f"{p['clock_across_processes']:.3f} {p['time_clock_corr']:+.2f}"
+                     if p["clock_across_processes"] else "-")
             print(f"{r['id']:>14} | {p['ref_across_processes']:.3f} {p['ref_same_sets_within']:.3f} "
-                  f"{p['ref_fresh_sets_within']:.3f} | "
-                  + (f"{p['clock_across_processes']:.3f}" if p["clock_across_processes"] else "-"))
+                  f"{p['ref_fresh_sets_within']:.3f} | {clock}")
     for proto, s in agg["summary"].items():
         if s["pairs"]:
             print(f"{proto:>5}: {s['pairs']} pairs, max/min speedup ratio over repeats: median {s['median_spread']:.4f},"
@@ -390,8 +391,9 @@ def main() -> None:
                          "median; candidate at its median, or its host time when flagged) and print the table")
     ap.add_argument("--probe", action="store_true",
                     help="also time each process's reference twice more on its input sets and twice on sets "
-                         "allocated afresh, and read the GPU clock, to tell drift, buffer placement and clocks "
-                         "apart as causes of the spread across processes (about 4 reference timings per process)")
+                         "allocated afresh, to tell drift, buffer placement and (with the SM clock every timing "
+                         "loop reads) clocks apart as causes of the spread across processes (4 more reference "
+                         "timings per process)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -4,6 +4,7 @@ bootstrap intervals, speed-of-light arithmetic. CPU tests are fast; the CUDA pat
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections import Counter
@@ -186,6 +187,8 @@ def test_samples_round_trip_through_json_dict():
     # samples stored before the tail was measured (cached baselines, old results) still load
     old = {k: v for k, v in d.items() if k != "tail_ms"}
     assert T.TimingSamples.from_dict(old).tail_ms == 0.0
+    clocked = dataclasses.replace(s, sm_clock_mhz=(1900.0, 1980.0, 1980.0), time_sm_clock_corr=-0.2)
+    assert T.TimingSamples.from_dict(json.loads(json.dumps(clocked.to_dict()))) == clocked
 
 
 # ---------------------------------------------------------------------------------------------- speed of light
@@ -261,6 +264,7 @@ def test_cuda_events_and_host_clock_agree_for_an_honest_kernel():
     assert not T.stream_escape(s)
     assert 0.75 < s.escaped_ratio < 1.25
     assert s.clock == "cuda_event" and s.ci_ms[0] <= s.median_ms <= s.ci_ms[1]
+    assert 200 < s.sm_clock_mhz[1] < 4000  # read off the leads: a plausible SM clock
 
 
 @pytest.mark.gpu
@@ -296,3 +300,15 @@ def test_cuda_host_work_beyond_the_given_lead_shows_in_the_events():
         own = T.time_calls(host_then_launch, sets, plan, dev, T.make_flush(dev))
     assert given.lead_ms == 0.03 and given.median_ms > 0.4
     assert own.lead_ms > 0.5 and own.median_ms < 0.2
+
+
+def test_sm_clock_is_read_off_the_leads_and_correlated_with_the_times():
+    # a 20,000-cycle lead that took 10 us at 2 GHz and 20 us at 1 GHz; the call is slower at the lower clock
+    leads = [0.010, 0.010, 0.020, 0.020, 0.010, 0.020]
+    times = [0.005, 0.0051, 0.009, 0.0095, 0.0049, 0.0092]
+    mhz, corr = T.sm_clock_stats(20_000, leads, times)
+    assert mhz[1] == pytest.approx(1500.0) and mhz[0] == pytest.approx(1000.0) and mhz[2] == pytest.approx(2000.0)
+    assert corr < -0.8  # the slower the clock, the longer the call
+    assert T.sm_clock_stats(0, [0.0, 0.0, 0.0], times) == ((), 0.0)  # no lead (CPU): nothing to read
+    steady, corr = T.sm_clock_stats(20_000, [0.010] * 4, [0.005, 0.006, 0.005, 0.006])
+    assert steady == (2000.0, 2000.0, 2000.0) and corr == 0.0

@@ -13,18 +13,18 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import timing_stability as ts  # noqa: E402
 
 
-def _run(ref_ms: float, same: list[float], fresh: list[float], clock: list[float]) -> dict:
-    return {"id": "p", "ours": {"ref": {"median_ms": ref_ms}},
-            "probe": {"ref_same_sets_ms": same, "ref_fresh_sets_ms": fresh, "clock_cycles_per_ms": clock}}
+def _run(ref_ms: float, same: list[float], fresh: list[float], clock: list[float], corr: float = 0.0) -> dict:
+    return {"id": "p", "ours": {"ref": {"median_ms": ref_ms, "sm_clock_mhz": clock, "time_sm_clock_corr": corr}},
+            "probe": {"ref_same_sets_ms": same, "ref_fresh_sets_ms": fresh}}
 
 
 def test_probe_summary_separates_placement_from_drift_and_clocks():
     # three processes 10 % apart; within each, the same sets agree to 1 % and fresh sets differ by 8 %
-    runs = [_run(m, [m, m * 1.01], [m, m * 1.08], [1980.0, 1980.0]) for m in (1.0, 1.05, 1.10)]
+    runs = [_run(m, [m, m * 1.01], [m, m * 1.08], [1900.0, 1980.0, 1980.0], -0.1) for m in (1.0, 1.05, 1.10)]
     s = ts._probe_summary(runs)
     assert s["ref_across_processes"] == pytest.approx(1.10)
     assert s["ref_same_sets_within"] == pytest.approx(1.01)
     assert s["ref_fresh_sets_within"] == pytest.approx(1.08)  # placement explains most of the spread
-    assert s["clock_across_processes"] == pytest.approx(1.0)
+    assert s["clock_across_processes"] == pytest.approx(1.0) and s["time_clock_corr"] == pytest.approx(-0.1)
     cpu = [_run(1.0, [1.0, 1.0], [1.0, 1.0], [])]  # no clock readings on a CPU run
     assert ts._probe_summary(cpu)["clock_across_processes"] is None

@@ -767,8 +767,9 @@ def _timing_fields(res: dict) -> dict:
 def _timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] = effective_time_ms) -> dict:
     return {"median_ms": t.median_ms, "effective_ms": reported(t), "ci_ms": list(t.ci_ms),
             "host_ms": t.host_ms_per_iter, "tail_ms": t.tail_ms, "samples": len(t.times_ms),
-            "input_sets": t.n_input_sets,
-            "stop": t.stop_reason}
+            "input_sets": t.n_input_sets, "stop": t.stop_reason,
+            **({"sm_clock_mhz": list(t.sm_clock_mhz), "time_sm_clock_corr": t.time_sm_clock_corr}
+               if t.sm_clock_mhz else {})}
 
 
 def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, failing: list | None,

@@ -254,6 +254,11 @@ class TimingSamples:
     clock: str  # "cuda_event" | "perf_counter"
     lead_ms: float = 0.0  # the GPU lead queued before each timed call (CUDA)
     tail_ms: float = 0.0
+    # CUDA: the SM clock during the timed iterations (10th, 50th and 90th percentile, MHz; `sm_clock_stats`), read
+    # off each iteration's lead, and the rank correlation of the per-call times with it: whether clock changes
+    # (power states, boost) drive the spread. Recorded, not yet used by any rule. () and 0 on CPU.
+    sm_clock_mhz: tuple[float, ...] = ()
+    time_sm_clock_corr: float = 0.0
 
     @property
     def escaped_ratio(self) -> float:
@@ -266,7 +271,8 @@ class TimingSamples:
     @classmethod
     def from_dict(cls, d: dict) -> "TimingSamples":
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"])})
+        return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"]),
+                      "sm_clock_mhz": tuple(fields.get("sm_clock_mhz", ()))})
 
 
 def effective_time_ms(samples: TimingSamples) -> float:
@@ -335,24 +341,26 @@ def _noop(*_: Any) -> None:
 
 
 def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device, flush: Callable[[], None],
-          deadline: float, lead_cycles: int = 0) -> tuple[float, float, float]:
-    """One timed iteration; returns (per-call ms, host ms, tail ms).
+          deadline: float, lead_cycles: int = 0) -> tuple[float, float, float, float]:
+    """One timed iteration; returns (per-call ms, host ms, tail ms, lead ms: the GPU time of the lead's spin).
 
     CUDA: flush, synchronize (the device is idle and flushed), a spin of `lead_cycles` queued ahead of the call
     (the GPU is still busy with it while the host launches the call, so the events time the call's GPU work, not
     the host's launch latency), events around the call on the stream current before it, wait for threads the
     call started, spin until the end event is done, then a device-wide synchronize, which waits for every
     stream: the tail runs from the end event seen done to that synchronize's return, the host clock from just
-    before the lead to the same point (the lead is in the no-op calibration too). CPU: `perf_counter` around the
-    call; the tail runs on until every thread the call started has ended."""
+    before the lead to the same point (the lead is in the no-op calibration too). The lead has an event of its
+    own before it, so its cycles over its time give the SM clock of this iteration. CPU: `perf_counter` around
+    the call; the tail runs on until every thread the call started has ended."""
     flush()
     before = _threads()
     if device.type == "cuda":
         _cuda_sync(device)
         stream = torch.cuda.current_stream(device)
-        start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+        lead, start, end = (_CudaEvent(enable_timing=True) for _ in range(3))
         t0 = _now_ns()
         if lead_cycles:
+            lead.record(stream)
             _cuda_spin(lead_cycles)
         start.record(stream)
         call(*inputs)
@@ -363,15 +371,32 @@ def _step(call: Callable[..., Any], inputs: Sequence[Any], device: torch.device,
         t1 = _now_ns()
         _cuda_sync(device)
         t2 = _now_ns()
-        return start.elapsed_time(end), (t2 - t0) / 1e6, (t2 - t1) / 1e6
+        lead_ms = lead.elapsed_time(start) if lead_cycles else 0.0
+        return start.elapsed_time(end), (t2 - t0) / 1e6, (t2 - t1) / 1e6, lead_ms
     t0 = _now_ns()
     call(*inputs)
     t1 = _now_ns()
     t2 = _now_ns() if _wait_new_threads(before, deadline) else t1
-    return (t1 - t0) / 1e6, (t2 - t0) / 1e6, (t2 - t1) / 1e6
+    return (t1 - t0) / 1e6, (t2 - t0) / 1e6, (t2 - t1) / 1e6, 0.0
 
 
-def spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
+def sm_clock_stats(lead_cycles: int, lead_ms: Sequence[float],
+                   times_ms: Sequence[float]) -> tuple[tuple[float, ...], float]:
+    """(10th, 50th, 90th percentile of the SM clock in MHz, Spearman correlation of per-call time with it) from
+    each iteration's lead: `lead_cycles` cycles of spin in `lead_ms[i]` ms. The lead's events also hold the spin's
+    launch, so the clock reads a few percent low; its changes are what matter. ((), 0.0) without leads."""
+    pairs = [(lead_cycles / ms / 1e3, t) for ms, t in zip(lead_ms, times_ms) if ms > 0]
+    if not lead_cycles or len(pairs) < 3:
+        return (), 0.0
+    mhz = np.array([m for m, _ in pairs])
+    t = np.array([x for _, x in pairs])
+    quantiles = tuple(float(q) for q in np.percentile(mhz, [10, 50, 90]))
+    ranks = [np.argsort(np.argsort(v)) for v in (mhz, t)]
+    corr = float(np.corrcoef(*ranks)[0, 1]) if np.ptp(mhz) > 0 and np.ptp(t) > 0 else 0.0
+    return quantiles, corr
+
+
+def _spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
     """GPU clock cycles the spin kernel burns per millisecond, measured (clocks differ by GPU and power state)."""
     rates = []
     for _ in range(3):
@@ -430,24 +455,26 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     issue_ms = _warm_up(call, input_sets, plan, dev, flush)
     cuda = dev.type == "cuda"
     lead_ms = (plan.lead_ms if plan.lead_ms is not None else lead_ms_for(issue_ms, plan)) if cuda else 0.0
-    lead = max(1, int(lead_ms * spin_cycles_per_ms(dev))) if cuda else 0
+    lead = max(1, int(lead_ms * _spin_cycles_per_ms(dev))) if cuda else 0
     noop_deadline = _now_s() + 60.0
 
     def noop() -> tuple[float, float]:  # (host, tail) of a step around nothing
-        return _step(_noop, (), dev, flush, noop_deadline, lead)[1:]
+        return _step(_noop, (), dev, flush, noop_deadline, lead)[1:3]
 
     noops = [noop() for _ in range(5)] if cuda else []
     times: list[float] = []
     host: list[float] = []
     tails: list[float] = []
+    leads: list[float] = []
     stop_reason, next_check = "max_iters", max(plan.min_iters, 8)  # fewer than 8 samples bound nothing
     start_ns = _now_ns()
     deadline = _now_s() + plan.max_time_s
     while len(times) < plan.max_iters:
-        t, h, tail = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline, lead)
+        t, h, tail, lead_gpu_ms = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline, lead)
         times.append(t)
         host.append(h)
         tails.append(tail)
+        leads.append(lead_gpu_ms)
         if cuda and len(times) % 8 == 0:
             noops.append(noop())
         elapsed = (_now_ns() - start_ns) / 1e9
@@ -462,12 +489,14 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
             next_check = max(len(times) + 8, int(len(times) * 1.1))
     overhead_ms = float(np.median([h for h, _ in noops])) if noops else 0.0
     noop_tail_ms = float(np.median([t for _, t in noops])) if noops else 0.0
+    sm_clock_mhz, time_sm_clock_corr = sm_clock_stats(lead, leads, times)
     return TimingSamples(times_ms=tuple(times), median_ms=float(np.median(times)), ci_ms=median_ci(times),
                          host_ms_per_iter=max(0.0, float(np.median(host)) - overhead_ms), overhead_ms=overhead_ms,
                          n_input_sets=n_sets,
                          total_s=(_now_ns() - start_ns) / 1e9, stop_reason=stop_reason,
                          clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms,
-                         tail_ms=max(0.0, float(np.median(tails)) - noop_tail_ms))
+                         tail_ms=max(0.0, float(np.median(tails)) - noop_tail_ms), sm_clock_mhz=sm_clock_mhz,
+                         time_sm_clock_corr=time_sm_clock_corr)
 
 
 def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
