@@ -46,9 +46,14 @@ def all_close_to(t: torch.Tensor, value: complex | float, atol: float, rtol: flo
         if diff.numel() and not math.isfinite(float(diff.max())):  # NaN or infinity: allclose's own rules
             if not torch.allclose(torch.full_like(x, value), x, atol=atol, rtol=rtol, equal_nan=True):
                 return False
-        elif not bool((diff <= x.abs().mul_(rtol).add_(atol)).all()):
+        elif not _within(diff, x, atol, rtol):
             return False
     return True
+
+
+def _within(diff: torch.Tensor, other: torch.Tensor, atol: float, rtol: float) -> bool:
+    """allclose's inequality |input - other| <= atol + rtol * |other|, given the finite |input - other|."""
+    return bool((diff <= other.abs().mul_(rtol).add_(atol)).all())
 
 
 def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> tuple[bool, float]:
@@ -61,7 +66,7 @@ def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol
         diff = (x - y).abs()
         largest = float(diff.max()) if diff.numel() else 0.0
         if math.isfinite(largest):
-            close = close and bool((diff <= x.abs().mul_(rtol).add_(atol)).all())
+            close = close and _within(diff, x, atol, rtol)
             worst = max(worst, largest)
             continue
         close = close and torch.allclose(y, x, atol=atol, rtol=rtol, equal_nan=True)

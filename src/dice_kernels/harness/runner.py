@@ -805,11 +805,11 @@ class _Progress:
 
     def __init__(self, total: int, enabled: bool, heartbeat_s: float = 60.0):
         self.counts: dict[str, int] = {}
-        self.total, self.done = total, 0
+        self.total = total
         self._inflight: dict[str, tuple[str, float]] = {}  # candidate id -> (phase, since)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._p = self._beat = None
+        self._p = None
         if enabled and total:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -818,8 +818,7 @@ class _Progress:
             self._p.start()
             self._id = self._p.add_task("", total=total)
         elif total:
-            self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), name="heartbeat", daemon=True)
-            self._beat.start()
+            threading.Thread(target=self._heartbeat, args=(heartbeat_s,), name="heartbeat", daemon=True).start()
 
     def phase(self, candidate_id: str, name: str) -> None:
         """`candidate_id` entered phase `name` (build, reference, run)."""
@@ -831,8 +830,7 @@ class _Progress:
         with self._lock:
             self._inflight.pop(r.candidate_id, None)
             self.counts[key] = self.counts.get(key, 0) + 1
-            self.done += 1
-            done = self.done
+            done = sum(self.counts.values())
         if self._p:
             self._p.update(self._id, advance=1,
                            description=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
@@ -845,7 +843,7 @@ class _Progress:
             now = time.monotonic()
             with self._lock:
                 busy = sorted(self._inflight.items(), key=lambda kv: kv[1][1])
-                done = self.done
+                done = sum(self.counts.values())
             if busy:
                 items = ", ".join(f"{cid} {phase} {now - since:.0f}s" for cid, (phase, since) in busy)
                 print(f"eval {done}/{self.total} done; in flight: {items}", file=sys.stderr, flush=True)

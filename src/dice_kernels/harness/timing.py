@@ -5,8 +5,8 @@ pre-generate, the cache flush (and persisting-L2 reset), the GPU lead that keeps
 events, the adaptive timed loop with its clocks (per-call CUDA events or `perf_counter`, and the tail per
 iteration: how long every stream and thread the call started ran on after the per-call clock stopped), the
 times we report, the stream-escape flag, bootstrap speedup intervals, speed-of-light bounds and the
-KernelBench-style timer kept for comparison. It never imports candidate code, writes files or spawns processes (it reads /proc and sysfs); the
-worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
+KernelBench-style timer kept for comparison. It never imports candidate code, writes files or spawns processes
+(it reads /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
 
 from __future__ import annotations
