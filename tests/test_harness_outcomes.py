@@ -61,6 +61,9 @@ CORPUS = {
     "wrong_shape": (_model("return x.sum(0)"), Outcome.SHAPE_MISMATCH, "shape"),
     "returns_list_of_two": (_model("return [torch.relu(x), x]"), Outcome.SHAPE_MISMATCH, "2 tensors"),
     "returns_string": (_model("return 'relu'"), Outcome.PYTHON_ERROR, "returned str"),
+    # KernelBench execs task and solution into one namespace: a solution may use the task's globals (`dim`)
+    "uses_task_globals": (_model("return torch.relu(x) if x.shape[-1] == dim else x"), Outcome.DECEPTIVE,
+                          "aten::relu"),
     "big_file": (_model("open('big.bin', 'wb').write(b'0' * (64 << 20)); return torch.relu(x)"),
                  Outcome.RUNTIME_ERROR, "File too large"),
 }
@@ -344,3 +347,37 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
     assert by_id["flaky"].outcome is Outcome.CORRECT, by_id["flaky"].error
     assert "transient failure" in by_id["flaky"].extra["reference_retried_after"]
     assert by_id["broken"].outcome is Outcome.HARNESS_ERROR and "task error" in by_id["broken"].error
+
+
+def test_output_ledger_admits_what_fits_and_anything_when_alone():
+    from dice_kernels.harness.host_memory import OutputLedger, task_need_bytes
+
+    ledger = OutputLedger(budget=100)
+    assert ledger.reserve("a", 150)  # nothing else held: admitted however large (the machine's limit decides)
+    assert not ledger.reserve("b", 1)  # nothing fits beside a task over the budget
+    assert ledger.reserve("a", 10) and ledger.held() == 160  # a task's own reservation never blocks it
+    ledger.release("a")
+    assert ledger.reserve("b", 60) and not ledger.reserve("c", 41) and ledger.reserve("c", 40)
+    assert ledger.held(but="b") == 40
+    assert task_need_bytes(8, trials=5, candidates_in_flight=2) == 8 * (5 + 1 + 4)
+
+
+@pytest.mark.slow
+def test_a_task_whose_outputs_do_not_fit_beside_another_waits_its_turn(tmp_path, build_cache):
+    """Two tasks' references start together (two run workers, pairs in the order A, B, A, B) under an output
+    budget neither fits beside the other: the first to send a frame holds the budget until its candidates are
+    done, the other is stopped at its first frame and runs again after. Five such tasks at once, 30-48 GiB each,
+    got the parent OOM-killed on the H200."""
+    from dice_kernels.tasks import task_from_code
+
+    code = BIG_OUTPUT_TASK.replace("torch.randn(64, 1 << 20)", "torch.randn(1, 1 << 20)")  # 4 MiB per trial
+    tasks = [task_from_code(f"# task {name}\n{code}", id=f"{name}/1", name=name) for name in ("a", "b")]
+    new = code.replace("class Model", "class ModelNew")
+    pairs = [(t, candidate_from_text(body, id=f"{t.name}{k}"))
+             for k, body in enumerate((new, new.replace("x * 2.0", "x + x"))) for t in tasks]
+    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=120,
+                        run_workers=2, output_memory_gb=1 / 1024, cache_dir=build_cache)
+    results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
+    assert [r.outcome for r in results] == [Outcome.CORRECT] * 4, [r.error for r in results]
+    waited = {r.task_id for r in results if r.extra.get("reference_waited_for_memory_s")}
+    assert len(waited) == 1, [r.extra for r in results]

@@ -51,6 +51,10 @@ def eval_cmd(
                                   "reference run when that is longer."),
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
+    output_memory_gb: float = typer.Option(0.0, help="Host memory, GiB, this process may hold for tasks' outputs "
+                                           "(a task's reference trials and its candidates' frames in flight); a task "
+                                           "that does not fit beside the others waits its turn. 0: half of what is "
+                                           "available at the start."),
     cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds)."),
     compile_baseline: bool = typer.Option(False, "--compile-baseline", help="Also time torch.compile(Model) per task and report speedups and fast_p against it (compiling costs seconds to minutes per task)."),
     speed_of_light: str = typer.Option("cuda", "--speed-of-light", help="cuda | always | off. Quarantine a speedup whose time beats the task's speed-of-light bound (minimum bytes moved at the measured memory bandwidth): it keeps its outcome but gets no speedup and the flag faster_than_light. Beating the reference's FLOPs at the measured peak only adds the flag fewer_flops_than_reference. 'cuda': on the CUDA backend only, where the bound is reliable (docs/timing.md)."),
@@ -82,7 +86,8 @@ def eval_cmd(
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
-                        compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb, robust=robust,
+                        compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb,
+                        output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         baselines=baselines, run_workers=run_workers, warm_workers=warm_workers)
     try:

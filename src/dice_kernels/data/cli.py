@@ -48,6 +48,9 @@ def build(
                                     "[default: 4 on CUDA, 1 on CPU]."),
     memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most one "
                                     "trial's outputs may take."),
+    output_memory_gb: float = typer.Option(0.0, help="Host memory, GiB, the harness may hold for tasks' outputs; a "
+                                           "task that does not fit beside the others waits its turn. 0: half of "
+                                           "what is available at the start."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
     limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
@@ -80,7 +83,7 @@ def build(
     if not sources:
         raise typer.BadParameter("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
     eval_cfg = EvalConfig(backend=backend, trials=trials, timing_iters=timing_iters, run_workers=run_workers,
-                          memory_limit_gb=memory_gb)
+                          memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb)
     if jobs:
         eval_cfg.jobs = jobs
     cfg = CurationConfig(

@@ -65,6 +65,10 @@ class EvalConfig:
     # outputs) must not time out every candidate, honest ones included
     run_timeout_reference_factor: float = 3.0
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
+    # host memory this process may hold for tasks' outputs: a task's reference trials and its candidates' frames in
+    # flight (harness/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
+    # nowhere runs alone. 0: half the memory available when the run starts
+    output_memory_gb: float = 0.0
     file_limit_mb: int = 4096  # largest file a worker may write
     cache_dir: Path = field(default_factory=default_cache_dir)
     # build_speed.py: a precompiled torch/extension.h for main.cpp and a lighter header for CUDA sources (with a

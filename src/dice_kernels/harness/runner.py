@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,6 +34,7 @@ from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, TrialJudge, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
 from dice_kernels.harness.tensor_stream import OutputsTooLarge, read_trials
@@ -127,6 +128,8 @@ class _Reference:
     sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
     baseline_from: str = ""  # when the timing above was measured, if it came from the baseline cache ("" = now)
     retried: str = ""  # the first run's failure when the reference ran twice ("" = it ran once)
+    deferred_need: int = 0  # bytes its outputs need, when they did not fit beside other tasks' (host_memory.py)
+    waited_for_memory_s: float = 0.0  # how long the task waited for other tasks' outputs to be released
 
 
 @dataclass
@@ -243,7 +246,7 @@ class Evaluator:
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float, lead_ms: float | None = None,
                     baseline_cached: bool = False, judge: TrialJudge | None = None,
-                    max_output_bytes: int | None = None) -> _WorkerReport:
+                    max_output_bytes: int | None = None, admit: Callable[[int], None] | None = None) -> _WorkerReport:
         cfg = self.config
         worker = self._take_worker(mode)
         workdir = worker.workdir
@@ -278,7 +281,7 @@ class Evaluator:
         # one frame (a trial's outputs) at most what a worker may hold; all frames at most what the caller allows
         limits = _OutputLimits(max_bytes, max_output_bytes or (cfg.trials + 1) * max_bytes, cfg.trials)
         exit_ = sandbox.supervise(worker, str(workdir / "job.json"), timeout_s=timeout_s, rss_limit_bytes=max_bytes,
-                                  read_data=(lambda f, reply: _read_outputs(f, limits, judge, reply))
+                                  read_data=(lambda f, reply: _read_outputs(f, limits, judge, reply, admit))
                                   if mode == "run" else None)
         result_file = workdir / "result.json"
         result = None
@@ -341,20 +344,24 @@ class Evaluator:
 
     def run(self, task: Task, code: str | None, build_dir: Path | None, lead_ms: float | None = None,
             baseline_cached: bool = False, judge: TrialJudge | None = None,
-            max_output_bytes: int | None = None, timeout_s: float | None = None) -> tuple[dict, list | None]:
+            max_output_bytes: int | None = None, timeout_s: float | None = None,
+            admit: Callable[[int], None] | None = None) -> tuple[dict, list | None]:
         """Run Model (code None) or ModelNew (timed with the reference's GPU lead); returns (report, outputs or
         None). A reference whose baseline is cached runs untimed. A candidate's trials go to `judge` as they
         arrive (its outputs are then only the re-checked call's), and it is timed and profiled only if they
         are right. `max_output_bytes` bounds everything the worker may send (default: trials + 1 frames of
-        `memory_limit_gb`); `timeout_s` its wall clock (default: `run_timeout_s`)."""
+        `memory_limit_gb`); `timeout_s` its wall clock (default: `run_timeout_s`); `admit` sees the first
+        frame's size and may stop the worker (OutputsDeferred: the report's status is then "deferred")."""
         limit = timeout_s or self.config.run_timeout_s
         rep = self._run_worker(mode="run", role="candidate" if code is not None else "reference", task=task,
                                code=code, build_dir=build_dir, writable_build=False, timeout_s=limit,
                                lead_ms=lead_ms, baseline_cached=baseline_cached, judge=judge,
-                               max_output_bytes=max_output_bytes)
+                               max_output_bytes=max_output_bytes, admit=admit)
         outputs = None
         res = rep.result
-        if isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
+        if isinstance(rep.exit.data_error, OutputsDeferred):
+            res = {"status": "deferred", "need": rep.exit.data_error.need, "error": str(rep.exit.data_error)}
+        elif isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
             res = {"status": "error", "kind": Outcome.CUDA_MEMORY_ERROR.value,
                    "error": f"outputs too large: {rep.exit.data_error}"}
         elif res is None:
@@ -368,13 +375,16 @@ class Evaluator:
         _cleanup(rep.workdir)
         return res, outputs
 
-    def reference(self, task: Task) -> _Reference:
-        """Run the task's Model for its outputs, and time it unless its baseline is cached (EvalConfig.baselines)."""
+    def reference(self, task: Task, admit: Callable[[int], None] | None = None) -> _Reference:
+        """Run the task's Model for its outputs, and time it unless its baseline is cached (EvalConfig.baselines).
+        `admit` sees the size of its first frame of outputs and may defer the task (`_Reference.deferred_need`)."""
         start = time.monotonic()
         cfg = self.config
         key = baseline_key(task.sha256, self._ceilings_key(), cfg) if cfg.timing else ""
         cached = self._cached_baseline(key)
-        res, outputs = self.run(task, None, None, baseline_cached=cached is not None)
+        res, outputs = self.run(task, None, None, baseline_cached=cached is not None, admit=admit)
+        if res.get("status") == "deferred":
+            return _Reference(None, None, res["error"], wall_s=time.monotonic() - start, deferred_need=res["need"])
         retried = ""
         if outputs is None and res.get("kind") != Outcome.TIMEOUT.value:
             # the trusted Model failing may be the machine's doing, not the task's (one H200 reference failed CUDA
@@ -382,7 +392,7 @@ class Evaluator:
             # broken and every candidate of it a harness error. A timeout would only cost its limit again.
             retried = f"{res.get('kind')}: {res.get('error', '')}"
             start = time.monotonic()
-            res, outputs = self.run(task, None, None, baseline_cached=cached is not None)
+            res, outputs = self.run(task, None, None, baseline_cached=cached is not None, admit=admit)
         if outputs is None:
             return _Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                               wall_s=time.monotonic() - start, retried=retried)
@@ -454,15 +464,17 @@ class _OutputLimits:
                 f"{self.total / 2**30:.1f} GiB, {received / 2**30:.1f} GiB already received{room}")
 
 
-def _read_outputs(f, limits: _OutputLimits, judge: TrialJudge | None, reply: Callable[[bytes], None]) -> list | None:
+def _read_outputs(f, limits: _OutputLimits, judge: TrialJudge | None, reply: Callable[[bytes], None],
+                  admit: Callable[[int], None] | None = None) -> list | None:
     """A run worker's frames: one per correctness trial, sent as each trial ends, and then one for the re-checked
     call (empty without timing); None unless every trial's frame came. A reference's trials are kept and
     returned before the re-checked call's outputs. A candidate's go to `judge` one by one and only the re-checked
-    call's are returned; the worker waits after its trials for the verdict on them (b"time" or b"stop")."""
+    call's are returned; the worker waits after its trials for the verdict on them (b"time" or b"stop").
+    `admit` sees the first frame's size before it is read."""
     kept, received, n, go = [], 0, 0, False
     try:
         while n < limits.trials:
-            frame = _read_frame(f, limits, received)
+            frame = _read_frame(f, limits, received, admit if n == 0 else None)
             if frame is None:  # the worker ended before its last trial: its report says why
                 return None
             received, n = received + tensor_bytes(frame), n + len(frame)
@@ -479,9 +491,9 @@ def _read_outputs(f, limits: _OutputLimits, judge: TrialJudge | None, reply: Cal
     return kept + (rest or [])
 
 
-def _read_frame(f, limits: _OutputLimits, received: int) -> list | None:
+def _read_frame(f, limits: _OutputLimits, received: int, admit: Callable[[int], None] | None = None) -> list | None:
     try:
-        return read_trials(f, limits.next_frame(received))
+        return read_trials(f, limits.next_frame(received), admit)
     except OutputsTooLarge as e:
         raise OutputsTooLarge(f"{e} ({limits.explain(received)})") from None
 
@@ -518,28 +530,70 @@ def _dedupe_key(task: Task, cand: Candidate) -> tuple[str, str]:
     return task.sha256, cand.program_sha256
 
 
-class _References:
-    """Reference outputs per task: computed once (even with concurrent callers), freed after the last candidate."""
+class _Deferred(Exception):
+    """The task's outputs do not fit beside other tasks' yet: its candidate goes back in the queue."""
 
-    def __init__(self, ev: "Evaluator", users: dict[str, int]):
-        self._ev, self._users = ev, dict(users)
+
+class _References:
+    """Reference outputs per task: computed once (even with concurrent callers), freed after the last candidate.
+    A task holds its outputs' bytes in `ledger` from its reference's first frame until its last candidate is done;
+    one that does not fit beside the tasks already holding theirs is deferred (host_memory.py)."""
+
+    def __init__(self, ev: "Evaluator", users: dict[str, int], ledger: OutputLedger, in_flight: int):
+        self._ev, self._users, self._ledger, self._in_flight = ev, dict(users), ledger, in_flight
         self._refs: dict[str, _Reference] = {}
         self._locks: dict[str, threading.Lock] = {t: threading.Lock() for t in users}
         self._guard = threading.Lock()
+        self._need: dict[str, int] = {}  # deferred tasks: bytes to reserve before their reference runs again
+        self._deferred_at: dict[str, float] = {}
 
     def get(self, task: Task) -> tuple[_Reference, bool]:
-        """The task's reference, and whether this call computed it (its time is charged to one candidate)."""
+        """The task's reference, and whether this call computed it (its time is charged to one candidate). Raises
+        _Deferred while the task's outputs do not fit beside other tasks'."""
         with self._locks[task.id]:
-            computed = task.id not in self._refs
-            if computed:
-                self._refs[task.id] = self._ev.reference(task)
-            return self._refs[task.id], computed
+            if task.id in self._refs:
+                return self._refs[task.id], False
+            need = self._need.get(task.id)
+            if need is not None and not self._ledger.reserve(task.id, need):
+                raise _Deferred
+            ref = self._ev.reference(task, admit=self._admit(task) if need is None else None)
+            if ref.deferred_need:
+                self._need[task.id] = ref.deferred_need
+                self._deferred_at[task.id] = time.monotonic()
+                raise _Deferred
+            if task.id in self._deferred_at:
+                ref.waited_for_memory_s = time.monotonic() - self._deferred_at.pop(task.id)
+            if ref.outputs is None:
+                self._ledger.release(task.id)
+            self._refs[task.id] = ref
+            return ref, True
+
+    def _admit(self, task: Task) -> Callable[[int], None]:
+        """What the reference's first frame must pass: its task's peak need reserved (once, retries included)."""
+        reserved = False
+
+        def admit(frame_bytes: int) -> None:
+            nonlocal reserved
+            if reserved:
+                return
+            with self._guard:
+                in_flight = min(self._in_flight, self._users[task.id])
+            need = task_need_bytes(frame_bytes, self._ev.config.trials, in_flight)
+            if not self._ledger.reserve(task.id, need):
+                raise OutputsDeferred(need, self._ledger.held(but=task.id), self._ledger.budget)
+            reserved = True
+
+        return admit
 
     def release(self, task: Task) -> None:
         with self._guard:
             self._users[task.id] -= 1
             if self._users[task.id] == 0:
                 self._refs.pop(task.id, None)  # reference outputs can be large: keep only live tasks'
+                self._ledger.release(task.id)
+
+    def wait_for_room(self, timeout_s: float = 1.0) -> None:
+        self._ledger.wait_for_release(timeout_s)
 
 
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
@@ -592,7 +646,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     users: dict[str, int] = {}
     for i in todo:
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
-    refs = _References(ev, users)
+    run_workers = config.resolved_run_workers(backend)
+    refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
     if todo:
         ev.warm_up()
     pch_thread = None
@@ -606,7 +661,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
             pch_thread.start()
 
-    def process(i: int, build: Future) -> None:
+    def process(i: int, build: Future) -> int | None:
+        """Evaluate pair i and record it; returns i when its task must wait for memory (the caller requeues it)."""
         task, cand = pairs[i]
         start = time.monotonic()
         try:
@@ -619,10 +675,13 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             r.extra["phase_s"] = {"build": round(b.wall_s, 3),
                                   "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
                                   **r.extra.get("phase_s", {})}
+        except _Deferred:  # nothing was recorded or released: the pair comes back once another task is done
+            bar.phase(cand.id, "waiting for memory")
+            refs.wait_for_room()
+            return i
         except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
             r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
-        finally:
-            refs.release(task)
+        refs.release(task)
         r.wall_s = time.monotonic() - start
         record(i, r)
         for j in duplicates.get(i, []):
@@ -631,6 +690,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                                     "solution_path": dup.path,
                                     # the work was done once, for the row above: its seconds are not counted twice
                                     "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {}}}))
+        return None
 
     try:
         with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
@@ -640,8 +700,12 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                 sha = pairs[i][1].sha256
                 if sha not in builds:
                     builds[sha] = build_pool.submit(ev.build, pairs[i][1].code)
-            for f in [run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo]:
-                f.result()
+            pending = {run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    if (again := f.result()) is not None:  # to the back of the queue: holders finish first
+                        pending.add(run_pool.submit(process, again, builds[pairs[again][1].sha256]))
     finally:
         bar.close()
         if pch_thread is not None:
@@ -650,6 +714,14 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         if store:
             store.close()
     return [r for r in results if r is not None]
+
+
+def _output_budget_bytes(config: EvalConfig) -> int:
+    """EvalConfig.output_memory_gb, or half the memory available now (no limit where the OS does not say)."""
+    if config.output_memory_gb > 0:
+        return int(config.output_memory_gb * (1 << 30))
+    available = sandbox.available_memory_bytes()
+    return available // 2 if available is not None else sys.maxsize
 
 
 def _result(task: Task, cand: Candidate, outcome: Outcome, **kw) -> EvalResult:
@@ -666,6 +738,8 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
                        compile_s=b.compile_s, extra=extra, **base)
     if ref is not None and ref.retried:
         extra["reference_retried_after"] = ref.retried[:500]
+    if ref is not None and ref.waited_for_memory_s:
+        extra["reference_waited_for_memory_s"] = round(ref.waited_for_memory_s, 3)
     if ref is None or ref.outputs is None:
         why = ref.error if ref else "not run"
         if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value)):  # our limits, not a bad task

@@ -265,6 +265,11 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+class StopWorker(Exception):
+    """Raised by `supervise`'s `read_data` to end the worker at once: what it would still send or report is not
+    wanted (other exceptions let it finish, its stream drained, so its report can say what went wrong)."""
+
+
 def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: int | None = None,
               read_data: Callable[[BinaryIO, Callable[[bytes], None]], object] | None = None) -> WorkerExit:
     """Hand `worker` its job path and run it to completion; kill its whole process group on timeout or when its
@@ -300,6 +305,9 @@ def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: i
             with os.fdopen(worker.pipe_r, "rb") as f:
                 try:
                     data["value"] = read_data(f, reply)
+                except StopWorker as e:
+                    data["error"] = e
+                    _kill_group(proc)
                 except Exception as e:  # noqa: BLE001 - the worker controls these bytes
                     data["error"] = e
                     for _ in iter(lambda: f.read(1 << 20), b""):  # keep draining (in bounded chunks) so the

@@ -7,7 +7,7 @@ unpickled (the stream is JSON metadata plus raw bytes, validated before any allo
 from __future__ import annotations
 
 import json
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -44,8 +44,10 @@ def _read_exact(f: BinaryIO, n: int) -> bytes:
     return data
 
 
-def read_trials(f: BinaryIO, max_bytes: int) -> list[list[torch.Tensor]] | None:
-    """Read what `write_trials` wrote; None for an empty stream. Refuses streams over `max_bytes` of data."""
+def read_trials(f: BinaryIO, max_bytes: int,
+                admit: Callable[[int], None] | None = None) -> list[list[torch.Tensor]] | None:
+    """Read what `write_trials` wrote; None for an empty stream. Refuses streams over `max_bytes` of data; `admit`
+    sees the data's size before anything is allocated for it, and may refuse it by raising."""
     first = f.read(len(MAGIC))
     if not first:
         return None
@@ -73,6 +75,8 @@ def read_trials(f: BinaryIO, max_bytes: int) -> list[list[torch.Tensor]] | None:
         total += numel * dtypes[-1].itemsize
     if total > max_bytes:
         raise OutputsTooLarge(f"outputs of {total} bytes exceed the {max_bytes}-byte limit")
+    if admit is not None:
+        admit(total)
     tensors = []
     for dtype, shape in zip(dtypes, shapes):
         t = torch.empty(shape, dtype=dtype)

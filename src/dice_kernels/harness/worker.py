@@ -187,9 +187,12 @@ def _excerpt(text: str) -> str:
     return text[-_MAX_ERROR:]
 
 
-def _load_module(name: str, path: str) -> types.ModuleType:
+def _load_module(name: str, path: str, preset: types.ModuleType | None = None) -> types.ModuleType:
+    """Execute the file at `path` as module `name`, its namespace first filled with `preset`'s globals."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    if preset is not None:
+        module.__dict__.update({k: v for k, v in vars(preset).items() if not k.startswith("__")})
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
@@ -463,7 +466,10 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
         if job.role == "candidate":
             if monitor:
                 monitor.watch_reference(reference_cls)
-            candidate = _load_module("dice_candidate", job.candidate_path)
+            # KernelBench execs the task's source and then the solution's into one namespace, and solutions use
+            # the task's globals (`batch_size`, helper functions): they see them here too. `Model` among them is
+            # watched (the robust check's reference_model).
+            candidate = _load_module("dice_candidate", job.candidate_path, preset=task)
             if log.failures:
                 raise StageError("compile_error", "build", log.failures[0])
             cls = getattr(candidate, "ModelNew", None)
