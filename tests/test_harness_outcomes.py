@@ -381,3 +381,35 @@ def test_a_task_whose_outputs_do_not_fit_beside_another_waits_its_turn(tmp_path,
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 4, [r.error for r in results]
     waited = {r.task_id for r in results if r.extra.get("reference_waited_for_memory_s")}
     assert len(waited) == 1, [r.extra for r in results]
+
+
+@pytest.mark.slow
+def test_a_stateful_task_is_not_called_a_timing_cheat(tmp_path, build_cache):
+    """KernelBench L3/33 (a vanilla RNN cell) keeps its hidden state across calls, so the call after a timing
+    loop depends on how many calls the loop made, which differs between reference and candidate: an honest
+    kernel was flagged `timing_output_mismatch` on the H200. The reference is now called twice on its last
+    trial's inputs; a task whose outputs differ is marked stateful and its timing-loop call is not re-checked (the
+    correctness trials, the same calls in the same order for both, still are)."""
+    from dice_kernels.tasks import task_from_code
+
+    relu = EXAMPLES / "tasks" / "level1" / "19_ReLU.py"
+    task_code = relu.read_text().replace(
+        "        super().__init__()\n",
+        "        super().__init__()\n        self.calls = 0\n").replace(
+        "        return torch.relu(x)\n",
+        "        out = torch.relu(x) + self.calls\n        self.calls += 1\n        return out\n")
+    solution = (EXAMPLES / "solutions" / "cpu" / "level1" / "19_ReLU" / "correct.py").read_text()
+    solution = (solution.replace("relu_forward(torch::Tensor x)", "relu_forward(torch::Tensor x, double c)")
+                .replace("in[i] > 0.f ? in[i] : 0.f;", "(in[i] > 0.f ? in[i] : 0.f) + (float)c;")
+                .replace("example_relu_cpu", "stateful_relu_cpu")
+                .replace("        super().__init__()\n", "        super().__init__()\n        self.calls = 0\n")
+                .replace("        return relu_ext.relu_forward(x)\n",
+                         "        out = relu_ext.relu_forward(x, float(self.calls))\n        self.calls += 1\n"
+                         "        return out\n"))
+    assert "self.calls" in task_code and "(float)c" in solution and "self.calls += 1" in solution
+    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing_max_s=0.3, run_timeout_s=120, cache_dir=build_cache)
+    [r] = evaluate([(task_from_code(task_code, id="stateful/1", name="stateful"),
+                     candidate_from_text(solution, id="counts_calls"))], config, out_dir=tmp_path / "out",
+                   progress=False)
+    assert r.outcome is Outcome.CORRECT, r.error
+    assert r.extra["task_stateful"] is True and r.speedup

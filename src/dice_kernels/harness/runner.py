@@ -123,6 +123,9 @@ class _Reference:
     timing_outputs: list | None = None  # the last timing-loop call's outputs (with timing on)
     degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
     output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
+    # its outputs depend on the calls before (a second call on the same inputs differs): the call after a timing
+    # loop, which ran another number of calls than a candidate's, cannot be re-checked against a candidate's
+    stateful: bool = False
     wall_s: float = 0.0
     compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
     sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
@@ -402,7 +405,8 @@ class Evaluator:
                           sol=baseline.sol, compile_baseline=baseline.compile_baseline,
                           baseline_from=cached.measured_at if cached else "",
                           degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
-                          output_findings=frozenset(res.get("output_findings", [])), wall_s=time.monotonic() - start,
+                          output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
+                          wall_s=time.monotonic() - start,
                           retried=retried)
 
     def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
@@ -760,6 +764,8 @@ def _evaluate_one(ev: Evaluator, task: Task, cand: Candidate, b: _Build, ref: _R
     extra.update(sandbox=res.get("sandbox", []), phase_s=phase_s)
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
     extra["task_degenerate"] = ref.degenerate
+    if ref.stateful:
+        extra["task_stateful"] = True  # so the timing loop's last call was not re-checked (_robust_check)
     extra["reference_baseline"] = {"cached": bool(ref.baseline_from), "measured_at": ref.baseline_from or None}
     if outputs is None:
         outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
@@ -853,7 +859,7 @@ def _robust_check(cfg: EvalConfig, ref: _Reference, cmp: Comparison, failing: li
     passed earlier trials (cached outputs, stale memory)."""
     findings = [f for f in worker_findings if f["kind"] not in ref.output_findings]
     evidence = None
-    if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None:
+    if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None and not ref.stateful:
         got = timing_outputs or []
         if not outputs_match([ref.timing_outputs], [got], cfg.atol, cfg.rtol):
             evidence = (explain_mismatch(ref.outputs, ref.timing_outputs, got, cfg.atol, cfg.rtol,

@@ -319,6 +319,15 @@ def _forward_once(model, inputs: list, where: str, job: Job, monitor: Monitor | 
     return [t.detach().to("cpu", copy=True) for t in outs], findings
 
 
+def _depends_on_earlier_calls(model, inputs: list, outs: list, where: str, job: Job) -> bool:
+    """Does the reference give other outputs when called again on the same inputs (state kept across calls, like
+    an RNN cell's hidden state, or inputs it rewrites)? Its outputs then depend on how many calls came before."""
+    from dice_kernels.harness.compare import outputs_match
+
+    again, _ = _forward_once(model, inputs, where, job, None, [])
+    return not outputs_match([outs], [again], job.atol, job.rtol)
+
+
 def _input_copy_passes(inputs: list, outputs: list, job: Job) -> bool:
     """Would returning an input (of the output's shape) pass the comparison for every output?"""
     from dice_kernels.harness.compare import outputs_match
@@ -493,7 +502,7 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
         spent.lap("init")
         phase = "forward"
         where = cls.__name__ + ".forward"
-        findings, inputs, copy_passes, sizes = [], None, True, []
+        findings, inputs, copy_passes, sizes, stateful = [], None, True, [], False
         first_sizes, first = [], []  # trial 0's output sizes; its outputs where the speed-of-light bound needs them
         with torch.no_grad():
             for trial in range(job.trials):
@@ -501,6 +510,8 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
                     inputs = _trial_inputs(task, job, job.seed + 1 + trial, into=inputs if trial % 2 else None)
                     poison = sizes if trial else _nbytes(tensors_in(inputs))  # the last outputs' sizes
                     outs, found = _forward_once(model, inputs, where, job, monitor, poison)
+                    if job.role == "reference" and trial == job.trials - 1:
+                        stateful = _depends_on_earlier_calls(model, inputs, outs, where, job)
                 spent.waited_s += hold.waited_s
                 findings += found
                 if job.role == "reference":
@@ -560,7 +571,8 @@ def run_model(job: Job, log: BuildLog, monitor: Monitor | None, control_fd: int)
                 monitor.add(f.kind, f.reason)
             report["findings"] = [f.to_dict() for f in monitor.findings()]
         elif job.role == "reference":
-            report.update(input_copy_passes=copy_passes, output_findings=sorted({f.kind.value for f in findings}))
+            report.update(input_copy_passes=copy_passes, output_findings=sorted({f.kind.value for f in findings}),
+                          stateful=stateful)
         return report
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes an outcome
         err = _classify(e, phase, log)
