@@ -86,6 +86,10 @@ def build(
                           memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb)
     if jobs:
         eval_cfg.jobs = jobs
+    try:
+        eval_cfg.check()
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     cfg = CurationConfig(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),

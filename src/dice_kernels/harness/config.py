@@ -103,6 +103,12 @@ class EvalConfig:
             raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
         if self.baselines not in BASELINE_MODES:
             raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
+        if self.resolved_backend() == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("backend 'cuda' needs a CUDA device, and none is visible here (torch "
+                                 f"{torch.__version__}): use backend 'cpu', or 'auto' to take a GPU when there is one")
 
     def candidate_run_timeout_s(self, reference_wall_s: float) -> float:
         """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
