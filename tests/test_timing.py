@@ -191,6 +191,35 @@ def test_samples_round_trip_through_json_dict():
     assert T.TimingSamples.from_dict(json.loads(json.dumps(clocked.to_dict()))) == clocked
 
 
+def test_several_loops_share_the_limits_and_report_the_mean_of_their_medians():
+    plan = T.TimingPlan(warmup=1, min_iters=8, max_iters=40, min_time_s=0.0, max_time_s=30.0, target_rel_ci=0.0,
+                        loops=4)
+    s = T.time_calls(lambda x: x + 1, [[torch.ones(4)]], plan, "cpu", _flush())
+    assert s.loop_sizes == (10, 10, 10, 10) and len(s.times_ms) == 40  # max_iters shared, not multiplied
+    assert s.median_ms == pytest.approx(np.mean(s.loop_medians_ms)) and s.stop_reason == "max_iters"
+    assert s.ci_ms[0] <= s.median_ms <= s.ci_ms[1]
+    assert T.TimingSamples.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    from dice_kernels.harness import EvalConfig
+
+    assert EvalConfig(timing_loops=4).timing_plan()["loops"] == 4
+    with pytest.raises(ValueError, match="timing_loops"):
+        EvalConfig(timing_loops=0).check()
+
+
+def test_pooled_loops_average_a_per_loop_level_and_carry_it_in_the_interval():
+    # the H200's pattern: each loop settles at one of two levels 10 % apart, steady within the loop
+    levels = [1.0, 1.1, 1.0, 1.1]
+    loops = [_samples(list(level * np.exp(np.random.default_rng(i).normal(0, 0.001, 50))))
+             for i, level in enumerate(levels)]
+    pooled = T._pool_loops(loops)
+    assert pooled.median_ms == pytest.approx(1.05, rel=1e-3)  # one loop would report 1.0 or 1.1
+    lo, hi = pooled.ci_ms
+    assert lo < 1.03 and hi > 1.07  # loops resampled too: the interval spans the levels, not the 0.1 % noise
+    assert (hi - lo) / pooled.median_ms > 20 * (loops[0].ci_ms[1] - loops[0].ci_ms[0]) / loops[0].median_ms
+    med, lo, hi = T.speedup_interval(pooled, _samples([0.5] * 50))
+    assert med == pytest.approx(2.1, rel=1e-3) and lo < 2.06 and hi > 2.14
+
+
 # ---------------------------------------------------------------------------------------------- speed of light
 
 

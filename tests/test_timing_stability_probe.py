@@ -25,6 +25,17 @@ def test_probe_summary_separates_placement_from_drift_and_clocks():
     assert s["ref_across_processes"] == pytest.approx(1.10)
     assert s["ref_same_sets_within"] == pytest.approx(1.01)
     assert s["ref_fresh_sets_within"] == pytest.approx(1.08)  # placement explains most of the spread
+    assert s["ref_loops_within"] == pytest.approx(1.08)  # all five loops of a process: its first timing included
     assert s["clock_across_processes"] == pytest.approx(1.0) and s["time_clock_corr"] == pytest.approx(-0.1)
     cpu = [_run(1.0, [1.0, 1.0], [1.0, 1.0], [])]  # no clock readings on a CPU run
     assert ts._probe_summary(cpu)["clock_across_processes"] is None
+
+
+
+def test_probe_summary_sees_loops_that_differ_where_each_pair_of_re_timings_agrees():
+    # the H200's pattern (pair 4212): within one process the first loop, the same-set pair and the fresh-set pair
+    # each agree with their twin but sit at different levels
+    runs = [_run(6.08, [6.94, 6.94], [6.98, 6.94], [1790.0, 1811.0, 1830.0]),
+            _run(6.37, [5.79, 6.37], [5.82, 6.37], [1730.0, 1750.0, 1770.0])]
+    s = ts._probe_summary(runs)
+    assert s["ref_same_sets_within"] < 1.06 and s["ref_loops_within"] == pytest.approx((6.98 / 6.08 + 6.37 / 5.79) / 2)

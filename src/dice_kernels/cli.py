@@ -47,6 +47,8 @@ def eval_cmd(
     timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates and references."),
     timing_iters: int = typer.Option(20, help="Least timed calls per model; more follow until the median's 95% CI is within 1% (docs/timing.md)."),
     timing_max_s: float = typer.Option(2.0, help="Most seconds of timed calls per model."),
+    timing_loops: int = typer.Option(1, help="Independent timing loops per model, sharing the limits above; the "
+                                     "time is the mean of their medians (docs/timing.md)."),
     timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run, or 3x its task's "
                                   "reference run when that is longer."),
     compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
@@ -84,7 +86,8 @@ def eval_cmd(
     from dice_kernels.tasks import TaskError, load_task_file, load_tasks
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
-                        timing_iters=timing_iters, timing_max_s=timing_max_s, run_timeout_s=timeout,
+                        timing_iters=timing_iters, timing_max_s=timing_max_s, timing_loops=timing_loops,
+                        run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb,
                         output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,

@@ -31,7 +31,9 @@ def baseline_key(task_sha256: str, machine: str, cfg: EvalConfig) -> str:
     measured = {"warmup": cfg.warmup, "timing_iters": cfg.timing_iters, "timing_max_s": cfg.timing_max_s,
                 "timing_target_ci": cfg.timing_target_ci, "seed": cfg.seed, "trials": cfg.trials,
                 "cpu_threads": cfg.cpu_threads, "compile_baseline": cfg.compile_baseline,
-                "speed_of_light": cfg.speed_of_light}
+                "speed_of_light": cfg.speed_of_light,
+                # only when set, so the baselines cached before the setting existed keep their keys
+                **({"timing_loops": cfg.timing_loops} if cfg.timing_loops != 1 else {})}
     text = json.dumps({"task": task_sha256, "machine": machine, "harness": __version__, "settings": measured},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -33,6 +33,8 @@ class EvalConfig:
     timing_iters: int = 20
     timing_max_s: float = 2.0
     timing_target_ci: float = 0.01
+    # independent timing loops per model, the reported time the mean of their medians (timing.TimingPlan.loops)
+    timing_loops: int = 1
     # also time torch.compile(Model) in each task's reference worker and report speedups and fast_p against it
     # (KernelBench's second baseline); off by default: compiling costs seconds to minutes per task
     compile_baseline: bool = False
@@ -103,6 +105,8 @@ class EvalConfig:
             raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
         if self.baselines not in BASELINE_MODES:
             raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
+        if self.timing_loops < 1:
+            raise ValueError(f"timing_loops must be at least 1, not {self.timing_loops}")
         if self.resolved_backend() == "cuda":
             import torch
 
@@ -127,4 +131,4 @@ class EvalConfig:
         (`lead_ms`), the reference sizes its own (None)."""
         return {"warmup": self.warmup, "min_iters": self.timing_iters, "max_iters": max(self.timing_iters, 2000),
                 "min_time_s": min(0.1, self.timing_max_s), "max_time_s": self.timing_max_s,
-                "target_rel_ci": self.timing_target_ci, "lead_ms": lead_ms}
+                "target_rel_ci": self.timing_target_ci, "lead_ms": lead_ms, "loops": self.timing_loops}

@@ -19,7 +19,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -68,6 +68,10 @@ class TimingPlan:
     max_input_sets: int = 64
     lead_ms: float | None = None
     max_lead_ms: float = 2.0
+    # independent timing loops (each with its own warm-up, lead sizing and calibration) sharing the iteration and
+    # time limits; the reported time is the mean of their medians (`_pool_loops`). On the H200 a 5-10 us
+    # kernel's loops settle at levels about 0.3 us apart, one level per loop: more loops average it out
+    loops: int = 1
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -259,6 +263,10 @@ class TimingSamples:
     # (power states, boost) drive the spread. Recorded, not yet used by any rule. () and 0 on CPU.
     sm_clock_mhz: tuple[float, ...] = ()
     time_sm_clock_corr: float = 0.0
+    # with several loops (TimingPlan.loops): each loop's median and sample count, in `times_ms` order; median_ms
+    # is then the mean of the loop medians. () for one loop
+    loop_medians_ms: tuple[float, ...] = ()
+    loop_sizes: tuple[int, ...] = ()
 
     @property
     def escaped_ratio(self) -> float:
@@ -272,7 +280,7 @@ class TimingSamples:
     def from_dict(cls, d: dict) -> "TimingSamples":
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"]),
-                      "sm_clock_mhz": tuple(fields.get("sm_clock_mhz", ()))})
+                      **{k: tuple(fields.get(k, ())) for k in ("sm_clock_mhz", "loop_medians_ms", "loop_sizes")}})
 
 
 def effective_time_ms(samples: TimingSamples) -> float:
@@ -312,16 +320,27 @@ def _bootstrap_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int, chu
                            for i in range(0, n_boot, chunk)])
 
 
+def _bootstrap_times(samples: TimingSamples, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """Bootstrap replicates of a sample set's median, or with several loops of the mean of their medians: loops
+    drawn with replacement, and each drawn loop's samples resampled within it, so the replicates carry the
+    variation between loops as well as within them."""
+    x = np.asarray(samples.times_ms, dtype=np.float64)
+    if len(samples.loop_sizes) <= 1:
+        return _bootstrap_medians(x, rng, n_boot)
+    per_loop = np.stack([_bootstrap_medians(part, rng, n_boot)
+                         for part in np.split(x, np.cumsum(samples.loop_sizes)[:-1])])
+    drawn = rng.integers(0, len(samples.loop_sizes), (n_boot, len(samples.loop_sizes)))
+    return per_loop[drawn, np.arange(n_boot)[:, None]].mean(axis=1)
+
+
 def speedup_interval(ref: TimingSamples, cand: TimingSamples, n_boot: int = 2000, conf: float = 0.95,
                      seed: int = 0) -> tuple[float, float, float]:
     """(median, lo, hi) of speedup = ref / cand: point estimate from the reported times (`reference_time_ms`,
     `effective_time_ms`), percentile bootstrap over both sample sets (resampled independently: they come from
-    separate processes). The candidate's samples are scaled by effective / median first, so the interval is about
-    the same times that are reported."""
+    separate processes; `_bootstrap_times`). The candidate's times are scaled by effective / median, so the
+    interval is about the same times that are reported."""
     rng = np.random.default_rng(seed)
-    r = np.asarray(ref.times_ms, dtype=np.float64)
-    c = np.asarray(cand.times_ms, dtype=np.float64) * _effective_scale(cand)
-    ratios = _bootstrap_medians(r, rng, n_boot) / _bootstrap_medians(c, rng, n_boot)
+    ratios = _bootstrap_times(ref, rng, n_boot) / (_bootstrap_times(cand, rng, n_boot) * _effective_scale(cand))
     alpha = (1 - conf) / 2
     lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
     return (reference_time_ms(ref) / effective_time_ms(cand), float(lo), float(hi))
@@ -446,10 +465,45 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     of no-op steps (same lead), interleaved with the timed ones so the correction follows drifting CPU and GPU
     clocks.
     Stops when min_iters and min_time_s are both reached and the median's relative CI half-width is <=
-    target_rel_ci, or at max_iters / max_time_s.
+    target_rel_ci, or at max_iters / max_time_s. With `plan.loops` > 1: that many such loops, each with its share
+    of the limits, pooled by `_pool_loops`.
     """
     if not input_sets:
         raise ValueError("time_calls needs at least one input set")
+    if plan.loops <= 1:
+        return _time_loop(call, input_sets, plan, device, flush)
+    k = plan.loops
+    share = replace(plan, loops=1, min_iters=max(8, math.ceil(plan.min_iters / k)),
+                    max_iters=max(8, math.ceil(plan.max_iters / k)), min_time_s=plan.min_time_s / k,
+                    max_time_s=plan.max_time_s / k)
+    return _pool_loops([_time_loop(call, input_sets, share, device, flush) for _ in range(k)])
+
+
+def _pool_loops(loops: Sequence[TimingSamples], n_boot: int = 1000) -> TimingSamples:
+    """Several loops' samples as one set: all their times, the mean of their medians as the median (a level each
+    loop settles at averages out), a bootstrap interval over loops and samples (`_bootstrap_times`), and the
+    median of each loop's host, overhead, lead, tail and clock figures."""
+    def mid(values: Sequence[float]) -> float:
+        return float(np.median(values))
+
+    clocks = [s.sm_clock_mhz for s in loops if s.sm_clock_mhz]
+    unfinished = [s.stop_reason for s in loops if s.stop_reason != "converged"]
+    pooled = TimingSamples(
+        times_ms=tuple(t for s in loops for t in s.times_ms), median_ms=float(np.mean([s.median_ms for s in loops])),
+        ci_ms=(0.0, 0.0), host_ms_per_iter=mid([s.host_ms_per_iter for s in loops]),
+        overhead_ms=mid([s.overhead_ms for s in loops]), n_input_sets=loops[0].n_input_sets,
+        total_s=sum(s.total_s for s in loops), stop_reason=unfinished[0] if unfinished else "converged",
+        clock=loops[0].clock, lead_ms=mid([s.lead_ms for s in loops]), tail_ms=mid([s.tail_ms for s in loops]),
+        sm_clock_mhz=(min(c[0] for c in clocks), mid([c[1] for c in clocks]), max(c[2] for c in clocks))
+        if clocks else (), time_sm_clock_corr=mid([s.time_sm_clock_corr for s in loops]),
+        loop_medians_ms=tuple(s.median_ms for s in loops), loop_sizes=tuple(len(s.times_ms) for s in loops))
+    boot = _bootstrap_times(pooled, np.random.default_rng(0), n_boot)
+    return replace(pooled, ci_ms=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))))
+
+
+def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
+               device: str | torch.device, flush: Callable[[], None]) -> TimingSamples:
+    """One timing loop of `time_calls`."""
     dev = torch.device(device)
     n_sets = len(input_sets)
     issue_ms = _warm_up(call, input_sets, plan, dev, flush)
