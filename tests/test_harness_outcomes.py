@@ -98,6 +98,12 @@ def test_a_program_differing_only_in_layout_is_evaluated_once(results):
 
 
 @pytest.mark.slow
+def test_a_fallback_finding_carries_every_op_it_saw_with_counts(results):
+    [finding] = [f for f in results["pytorch_relu"].extra["robust"]["findings"] if f["kind"] == "pytorch_fallback"]
+    assert finding["ops"] == {"aten::relu": 2}  # two correctness trials, one relu each; nothing else is compute
+
+
+@pytest.mark.slow
 def test_sandbox_blocked_the_write_and_isolated_the_network(results):
     assert not ESCAPE.exists()
     notes = results["pytorch_relu"].extra["sandbox"]

@@ -61,16 +61,19 @@ def test_no_fast_p_vs_compile_without_the_baseline():
 
 
 def test_fallback_ops_count_candidates_per_op_named_in_their_finding():
-    def flagged(cid: str, kind: str, error: str) -> EvalResult:
+    def flagged(cid: str, kind: str, error: str, ops: dict | None = None) -> EvalResult:
+        findings = [{"kind": kind, "reason": error, **({"ops": ops} if ops else {})}]
         return EvalResult(task_id="L2/9", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.DECEPTIVE,
-                          level=2, deceptive_kind=kind, error=error)
+                          level=2, deceptive_kind=kind, error=error, extra={"robust": {"findings": findings}})
 
     ops = "forward dispatched PyTorch compute ops: "
-    results = [flagged("a", "pytorch_fallback", ops + "aten::addmm x5, aten::relu x5"),
-               flagged("b", "pytorch_fallback", ops + "aten::addmm x10"),
-               flagged("c", "input_mutated", "forward wrote into its input aten::add_"),  # not a fallback: not counted
-               _result("d", None)]
+    six = {f"aten::op{i}": 6 - i for i in range(6)}  # the message names five; the finding keeps all six
+    results = [flagged("a", "pytorch_fallback", ops + "aten::addmm x5, aten::relu x5"),  # recorded before ops were
+               flagged("b", "pytorch_fallback", ops + "aten::addmm x10", {"aten::addmm": 10}),
+               flagged("c", "pytorch_fallback", ops + ", ".join(f"{k} x{v}" for k, v in list(six.items())[:5]), six),
+               flagged("d", "input_mutated", "forward wrote into its input aten::add_"),  # not a fallback: not counted
+               _result("e", None)]
     s = summary(results, {})
-    assert s["fallback_ops"] == {"aten::addmm": 2, "aten::relu": 1}
+    assert s["fallback_ops"] == {"aten::addmm": 2, "aten::relu": 1, **{k: 1 for k in six}}
     assert "aten::addmm 2, aten::relu 1" in markdown(s)
     assert "PyTorch ops behind" not in markdown(summary([_result("d", None)], {}))

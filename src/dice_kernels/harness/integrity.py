@@ -63,9 +63,10 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 class Finding:
     kind: DeceptiveKind
     reason: str
+    ops: tuple[tuple[str, int], ...] = ()  # every ATen op behind the finding and its count, most called first
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind.value, "reason": self.reason}
+        return {"kind": self.kind.value, "reason": self.reason, **({"ops": dict(self.ops)} if self.ops else {})}
 
 
 def _timers() -> dict[str, object]:
@@ -332,8 +333,8 @@ class Monitor:
 
     # --- recording -----------------------------------------------------------------------------------------
 
-    def add(self, kind: DeceptiveKind, reason: str) -> None:
-        self._found.setdefault((kind, reason), Finding(kind, reason))
+    def add(self, kind: DeceptiveKind, reason: str, ops: Counter[str] | None = None) -> None:
+        self._found.setdefault((kind, reason), Finding(kind, reason, tuple(ops.most_common()) if ops else ()))
 
     def _audit(self, event: str, args: tuple) -> None:
         if getattr(self._guard, "busy", False):
@@ -488,10 +489,10 @@ class Monitor:
                                                        f"extension raised ({self.ext_errors[0]})")
         if self.low_precision_ops:
             self.add(DeceptiveKind.PRECISION_DOWNGRADE, "an fp32 task computed in lower precision: "
-                     + _top(self.low_precision_ops))
+                     + _top(self.low_precision_ops), self.low_precision_ops)
         if self.fallback_ops:
             self.add(DeceptiveKind.PYTORCH_FALLBACK, "forward dispatched PyTorch compute ops: "
-                     + _top(self.fallback_ops))
+                     + _top(self.fallback_ops), self.fallback_ops)
         if not self.ext_calls:
             why = (f"the compiled extension ({', '.join(self.extensions)}) was never called during forward"
                    if self.extensions else "no compiled extension was loaded; forward ran no custom kernel")

@@ -10,7 +10,7 @@ from pathlib import Path
 from dice_kernels.harness.metrics import FAST_P, by_level
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 
-_ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a pytorch_fallback finding
+_ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a pytorch_fallback finding's message
 
 
 def _pct(x: float) -> str:
@@ -38,14 +38,23 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
 
 
 def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
-    """For each ATen op a `pytorch_fallback` finding names (its five most called), how many candidates it made
-    deceptive, most first: whether a run's fallbacks are cuDNN convolutions kept beside a fused epilogue or
-    reductions left to PyTorch decides what `--allow-op` would change."""
+    """For each ATen op behind a `pytorch_fallback` finding, how many candidates it made deceptive, most first:
+    whether a run's fallbacks are cuDNN convolutions kept beside a fused epilogue or reductions left to PyTorch
+    decides what `--allow-op` would change."""
     counts: Counter[str] = Counter()
     for r in results:
         if r.outcome is Outcome.DECEPTIVE and r.deceptive_kind == DeceptiveKind.PYTORCH_FALLBACK.value:
-            counts.update(set(_ATEN_OP.findall(r.error)))
+            counts.update(_fallback_ops_of(r))
     return dict(counts.most_common())
+
+
+def _fallback_ops_of(r: EvalResult) -> set[str]:
+    """The ops of a result's `pytorch_fallback` finding: all of them as recorded, or, for results recorded before
+    findings carried their ops, the five its message names."""
+    for f in (r.extra.get("robust") or {}).get("findings") or ():
+        if f.get("kind") == DeceptiveKind.PYTORCH_FALLBACK.value and f.get("ops"):
+            return set(f["ops"])
+    return set(_ATEN_OP.findall(r.error))
 
 
 def timing_flags(results: list[EvalResult]) -> dict[str, int]:
