@@ -61,3 +61,21 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
                                                      "19_ReLU/needs_full_header": Outcome.CORRECT}
     assert [s["light_header"] for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == ["used"]
     assert [s["light_header"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == ["fell back"]
+
+
+def test_inputs_are_generated_on_the_gpu_and_on_the_cpu_where_get_inputs_needs_it():
+    from types import ModuleType, SimpleNamespace
+
+    from dice_kernels.harness.worker import _generated_inputs
+
+    task = ModuleType("task")
+    exec("import torch\n"
+         "def get_inputs():\n    return [torch.randn(1024, 1024), torch.randint(0, 9, (8,))]\n"
+         "def cpu_only():\n    return [torch.tensor(torch.randn(4, 4).numpy())]\n", task.__dict__)
+    job = SimpleNamespace(inputs_on_device=True, device="cuda")
+    x, i = _generated_inputs(task, job, seed=7)
+    assert x.is_cuda and i.is_cuda and i.dtype == torch.int64  # integer inputs keep their dtype
+    assert torch.equal(x, _generated_inputs(task, job, seed=7)[0])  # seeded: reference and candidate agree
+    task.get_inputs = task.cpu_only  # .numpy() fails on a CUDA tensor: generated on the CPU, then moved
+    [y] = _generated_inputs(task, job, seed=7)
+    assert y.is_cuda and torch.equal(y, _generated_inputs(task, job, seed=7)[0])

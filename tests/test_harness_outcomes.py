@@ -419,3 +419,28 @@ def test_a_stateful_task_is_not_called_a_timing_cheat(tmp_path, build_cache):
                    progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
     assert r.extra["task_stateful"] is True and r.speedup
+
+
+def test_get_inputs_runs_with_the_device_as_default_and_falls_back_to_the_cpu():
+    """The mechanism that puts CUDA inputs straight into GPU memory, shown with the meta device (no GPU needed):
+    factory calls inside get_inputs follow the default device; a get_inputs that cannot run that way (here a
+    `.numpy()`) runs on the CPU, and its result is moved as before."""
+    from types import ModuleType, SimpleNamespace
+
+    import torch
+
+    from dice_kernels.harness.worker import _generated_inputs
+
+    task = ModuleType("task")
+    exec("import torch\n"
+         "def get_inputs():\n    return [torch.randn(4, 4), str(torch.empty(0).device)]\n"
+         "def cpu_only():\n    return [torch.tensor(torch.randn(4).numpy())]\n", task.__dict__)
+    x, default = _generated_inputs(task, SimpleNamespace(inputs_on_device=True, device="meta"), seed=1)
+    assert x.device.type == "meta" and default == "meta"  # get_inputs ran with the device as its default
+    x, default = _generated_inputs(task, SimpleNamespace(inputs_on_device=False, device="meta"), seed=1)
+    assert x.device.type == "meta" and default == "cpu"  # generated on the CPU, then moved
+    task.get_inputs = task.cpu_only  # .numpy() fails on a meta tensor: this get_inputs runs on the CPU
+    [z] = _generated_inputs(task, SimpleNamespace(inputs_on_device=True, device="meta"), seed=1)
+    assert z.device.type == "meta"
+    [y] = _generated_inputs(task, SimpleNamespace(inputs_on_device=True, device="cpu"), seed=1)
+    assert torch.equal(y, _generated_inputs(task, SimpleNamespace(inputs_on_device=False, device="cpu"), seed=1)[0])

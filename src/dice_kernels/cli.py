@@ -47,6 +47,10 @@ def eval_cmd(
     timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates and references."),
     timing_iters: int = typer.Option(20, help="Least timed calls per model; more follow until the median's 95% CI is within 1% (docs/timing.md)."),
     timing_max_s: float = typer.Option(2.0, help="Most seconds of timed calls per model."),
+    inputs_on_device: bool = typer.Option(True, "--inputs-on-device/--inputs-on-cpu",
+                                          help="CUDA: run the task's get_inputs() with the GPU as default device "
+                                          "(no CPU generation and copy of multi-GiB inputs); --inputs-on-cpu "
+                                          "generates them on the CPU, as KernelBench does."),
     timing_loops: int = typer.Option(1, help="Independent timing loops per model, sharing the limits above; the "
                                      "time is the mean of their medians (docs/timing.md)."),
     timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run, or 3x its task's "
@@ -87,6 +91,7 @@ def eval_cmd(
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, timing_loops=timing_loops,
+                        inputs_on_device=inputs_on_device,
                         run_timeout_s=timeout,
                         compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb,
                         output_memory_gb=output_memory_gb, robust=robust,

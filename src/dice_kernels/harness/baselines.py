@@ -33,7 +33,8 @@ def baseline_key(task_sha256: str, machine: str, cfg: EvalConfig) -> str:
                 "cpu_threads": cfg.cpu_threads, "compile_baseline": cfg.compile_baseline,
                 "speed_of_light": cfg.speed_of_light,
                 # only when set, so the baselines cached before the setting existed keep their keys
-                **({"timing_loops": cfg.timing_loops} if cfg.timing_loops != 1 else {})}
+                **({"timing_loops": cfg.timing_loops} if cfg.timing_loops != 1 else {}),
+                **({"inputs_on_device": True} if cfg.inputs_on_device else {})}
     text = json.dumps({"task": task_sha256, "machine": machine, "harness": __version__, "settings": measured},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

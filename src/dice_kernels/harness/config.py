@@ -66,6 +66,9 @@ class EvalConfig:
     # same trials, outputs of the same size) plus the checks, so a task whose reference needs minutes (multi-GiB
     # outputs) must not time out every candidate, honest ones included
     run_timeout_reference_factor: float = 3.0
+    # CUDA: run the task's get_inputs() with the GPU as torch's default device, so torch.randn & co. fill GPU
+    # memory directly (worker._generated_inputs; falls back to the CPU where get_inputs cannot run that way)
+    inputs_on_device: bool = True
     memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
     # host memory this process may hold for tasks' outputs: a task's reference trials and its candidates' frames in
     # flight (harness/host_memory.py); a task that does not fit beside the others waits its turn, one that fits

@@ -275,6 +275,7 @@ class Evaluator:
                and role == "reference",
                "ceilings_known": sorted(self.ceilings) if mode == "run" and role == "reference" else [],
                "baseline_cached": baseline_cached, "verdict": judge is not None,
+               "inputs_on_device": cfg.inputs_on_device and cuda,
                "light_headers": cfg.fast_build and mode == "build" and cuda,
                "robust": {"allowed_ops": list(cfg.allowed_ops),
                           "min_extension_gpu_share": cfg.min_extension_gpu_share}

@@ -75,6 +75,8 @@ class Job:
     # candidate role: after the trials, wait for the parent's verdict on their outputs; only candidates whose
     # trials are right are timed and profiled (nothing about a wrong one depends on its time or GPU share)
     verdict: bool = False
+    # call get_inputs() with the device as torch's default device (`_generated_inputs`)
+    inputs_on_device: bool = False
 
     @classmethod
     def read(cls, path: str) -> "Job":
@@ -276,9 +278,26 @@ def _to_device(x, device):
 
 def _trial_inputs(task: types.ModuleType, job: Job, seed: int, into: list | None = None) -> list:
     """The task's inputs for `seed`; with `into`, their values are written into those tensors (same pointers)."""
-    _seed_all(seed)
-    fresh = _to_device(list(task.get_inputs()), job.device)
+    fresh = _generated_inputs(task, job, seed)
     return fresh if into is None else _copy_into(into, fresh)
+
+
+def _generated_inputs(task: types.ModuleType, job: Job, seed: int) -> list:
+    """`task.get_inputs()` seeded with `seed`, on the job's device. With `job.inputs_on_device` it runs with the
+    device as torch's default device, so its factory calls (`torch.randn(16, 256, 512, 256)`) fill device memory
+    directly instead of costing seconds of one CPU core and a copy each; a get_inputs that cannot run that way
+    (numpy, CPU-only ops) runs on the CPU as KernelBench runs it. Reference and candidate take the same path."""
+    import torch
+
+    if job.inputs_on_device:
+        _seed_all(seed)
+        try:
+            with torch.device(job.device):
+                return _to_device(list(task.get_inputs()), job.device)
+        except Exception:  # noqa: BLE001 - the task's own code: the CPU path below decides
+            pass
+    _seed_all(seed)
+    return _to_device(list(task.get_inputs()), job.device)
 
 
 def _copy_into(into: list, fresh: list) -> list:
