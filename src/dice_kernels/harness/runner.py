@@ -1,8 +1,9 @@
 """`evaluate()`: the evaluation pipeline for a batch of (task, candidate) pairs.
 
-Builds run in a thread pool (one sandboxed build worker each, content-addressed cache) while the main thread
-runs references and candidates one at a time in fresh sandboxed workers, compares their outputs with the
-reference's, and records each result in the store the moment it is known.
+Builds run in a thread pool (one sandboxed build worker each, content-addressed cache) while a pool of run threads
+runs references and candidates in fresh sandboxed workers (a task whose outputs do not fit beside other tasks'
+waits its turn: host_memory.py), compares their outputs with the reference's, and records each result in the
+store the moment it is known.
 """
 
 from __future__ import annotations
@@ -699,7 +700,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
 
     try:
         with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
-                ThreadPoolExecutor(config.resolved_run_workers(backend), thread_name_prefix="run") as run_pool:
+                ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
             builds: dict[str, Future] = {}
             for i in todo:  # submitted in task order, so builds run ahead of the runs that need them
                 sha = pairs[i][1].sha256
