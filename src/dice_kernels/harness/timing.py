@@ -263,10 +263,19 @@ class TimingSamples:
     # (power states, boost) drive the spread. Recorded, not yet used by any rule. () and 0 on CPU.
     sm_clock_mhz: tuple[float, ...] = ()
     time_sm_clock_corr: float = 0.0
-    # with several loops (TimingPlan.loops): each loop's median and sample count, in `times_ms` order; median_ms
-    # is then the mean of the loop medians. () for one loop
-    loop_medians_ms: tuple[float, ...] = ()
+    # with several loops (TimingPlan.loops): each loop's sample count, in `times_ms` order; median_ms is then the
+    # mean of the loop medians. () for one loop
     loop_sizes: tuple[int, ...] = ()
+
+    @property
+    def loop_times_ms(self) -> list[np.ndarray]:
+        """Each loop's per-call times (one array for a single loop)."""
+        x = np.asarray(self.times_ms, dtype=np.float64)
+        return np.split(x, np.cumsum(self.loop_sizes)[:-1]) if len(self.loop_sizes) > 1 else [x]
+
+    @property
+    def loop_medians_ms(self) -> tuple[float, ...]:
+        return tuple(float(np.median(t)) for t in self.loop_times_ms) if len(self.loop_sizes) > 1 else ()
 
     @property
     def escaped_ratio(self) -> float:
@@ -280,7 +289,7 @@ class TimingSamples:
     def from_dict(cls, d: dict) -> "TimingSamples":
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"]),
-                      **{k: tuple(fields.get(k, ())) for k in ("sm_clock_mhz", "loop_medians_ms", "loop_sizes")}})
+                      **{k: tuple(fields.get(k, ())) for k in ("sm_clock_mhz", "loop_sizes")}})
 
 
 def effective_time_ms(samples: TimingSamples) -> float:
@@ -324,12 +333,11 @@ def _bootstrap_times(samples: TimingSamples, rng: np.random.Generator, n_boot: i
     """Bootstrap replicates of a sample set's median, or with several loops of the mean of their medians: loops
     drawn with replacement, and each drawn loop's samples resampled within it, so the replicates carry the
     variation between loops as well as within them."""
-    x = np.asarray(samples.times_ms, dtype=np.float64)
-    if len(samples.loop_sizes) <= 1:
-        return _bootstrap_medians(x, rng, n_boot)
-    per_loop = np.stack([_bootstrap_medians(part, rng, n_boot)
-                         for part in np.split(x, np.cumsum(samples.loop_sizes)[:-1])])
-    drawn = rng.integers(0, len(samples.loop_sizes), (n_boot, len(samples.loop_sizes)))
+    loops = samples.loop_times_ms
+    if len(loops) == 1:
+        return _bootstrap_medians(loops[0], rng, n_boot)
+    per_loop = np.stack([_bootstrap_medians(part, rng, n_boot) for part in loops])
+    drawn = rng.integers(0, len(loops), (n_boot, len(loops)))
     return per_loop[drawn, np.arange(n_boot)[:, None]].mean(axis=1)
 
 
@@ -496,7 +504,7 @@ def _pool_loops(loops: Sequence[TimingSamples], n_boot: int = 1000) -> TimingSam
         clock=loops[0].clock, lead_ms=mid([s.lead_ms for s in loops]), tail_ms=mid([s.tail_ms for s in loops]),
         sm_clock_mhz=(min(c[0] for c in clocks), mid([c[1] for c in clocks]), max(c[2] for c in clocks))
         if clocks else (), time_sm_clock_corr=mid([s.time_sm_clock_corr for s in loops]),
-        loop_medians_ms=tuple(s.median_ms for s in loops), loop_sizes=tuple(len(s.times_ms) for s in loops))
+        loop_sizes=tuple(len(s.times_ms) for s in loops))
     boot = _bootstrap_times(pooled, np.random.default_rng(0), n_boot)
     return replace(pooled, ci_ms=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))))
 
