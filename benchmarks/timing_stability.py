@@ -163,9 +163,24 @@ def _summary(s: T.TimingSamples) -> dict:
             "loop_medians_ms": s.loop_medians_ms}
 
 
+def _ours(ref, new, sets: list, plan: T.TimingPlan, device: str, flush) -> dict:
+    """Our protocol on the reference, then on the candidate with the GPU lead its reference sized (as the
+    harness does)."""
+    ref_s = T.time_calls(ref, sets, plan, device, flush)
+    new_s = T.time_calls(new, sets, dataclasses.replace(plan, lead_ms=ref_s.lead_ms), device, flush)
+    med, lo, hi = T.speedup_interval(ref_s, new_s)
+    return {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ref_s), "cand": _summary(new_s)}
+
+
+def protocol_key(loops: int, first: bool) -> str:
+    """The first --timing-loops value is "ours"; each further one is a protocol of its own, "ours_kK"."""
+    return "ours" if first else f"ours_k{loops}"
+
+
 def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan: T.TimingPlan,
-             flush_cache_bytes: int | None, probe_variance: bool = False) -> dict:
-    """Both protocols on reference and candidate, in this (fresh) process, under the timing lock."""
+             flush_cache_bytes: int | None, probe_variance: bool = False, loops: tuple[int, ...] = (1,)) -> dict:
+    """Both protocols on reference and candidate, in this (fresh) process, under the timing lock; ours once per
+    loop count in `loops`, so several loop counts are compared in the same processes."""
     task, ref, new = _models(pair_id, pairs_path)
     set_bytes = _set_bytes(task)
     with open(lock_path, "a") as lock, torch.no_grad():
@@ -174,16 +189,13 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
         n_sets = T.n_input_sets(set_bytes, T.l2_size_bytes(device), plan)
         sets = [_inputs(task, 1 + k, device) for k in range(n_sets)]
         flush = T.make_flush(device, flush_cache_bytes)
-        ours_ref = T.time_calls(ref, sets, plan, device, flush)
-        # as the harness does: the candidate is timed with the GPU lead its reference sized
-        ours_new = T.time_calls(new, sets, dataclasses.replace(plan, lead_ms=ours_ref.lead_ms), device, flush)
+        ours = {protocol_key(k, i == 0): _ours(ref, new, sets, dataclasses.replace(plan, loops=k), device, flush)
+                for i, k in enumerate(loops)}
         kb_ref = T.kernelbench_style_ms(ref, sets[0], device=device)
         kb_new = T.kernelbench_style_ms(new, sets[0], device=device)
         probe = _probe(ref, task, sets, plan, device, flush) if probe_variance else None
         T.synchronize(device)
-    med, lo, hi = T.speedup_interval(ours_ref, ours_new)
-    return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes,
-            "ours": {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ours_ref), "cand": _summary(ours_new)},
+    return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes, **ours,
             "kb": {"speedup": kb_ref / kb_new, "ref_ms": kb_ref, "cand_ms": kb_new},
             **({"probe": probe} if probe else {})}
 
@@ -216,8 +228,8 @@ def _child(args: argparse.Namespace, flag: str, pair_id: str, timeout: float) ->
         cmd.append("--smoke")
     if args.probe:
         cmd.append("--probe")
-    if args.timing_loops != 1:
-        cmd += ["--timing-loops", str(args.timing_loops)]
+    if args.timing_loops != "1":
+        cmd += ["--timing-loops", args.timing_loops]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -259,12 +271,12 @@ def aggregate(runs: list[dict]) -> dict:
         if "error" not in r:
             by_id.setdefault(r["id"], []).append(r)
     rows = []
+    protocols = sorted({k for r in runs if "error" not in r for k in r if k.startswith("ours")}) + ["kb"]
     for pid, rs in by_id.items():
-        ours = [r["ours"]["speedup"] for r in rs]
-        kb = [r["kb"]["speedup"] for r in rs]
+        speedups = {proto: [r[proto]["speedup"] for r in rs] for proto in protocols}
         rows.append({"id": pid, "adversarial": pid in ADVERSARIAL, "reps": len(rs),
-                     "ours_median": statistics.median(ours), "ours_spread": _spread(ours),
-                     "kb_median": statistics.median(kb), "kb_spread": _spread(kb),
+                     **{f"{proto}_median": statistics.median(v) for proto, v in speedups.items()},
+                     **{f"{proto}_spread": _spread(v) for proto, v in speedups.items()},
                      "ref_ms": statistics.median(r["ours"]["ref"]["median_ms"] for r in rs),
                      "ours_escape_flagged": all(r["ours"]["cand"]["escape"] for r in rs),
                      # what a harness using our protocol would reward: a CI above 1 and no escape flag
@@ -274,7 +286,7 @@ def aggregate(runs: list[dict]) -> dict:
             row["probe"] = _probe_summary(by_id[row["id"]])
     honest = [r for r in rows if not r["adversarial"] and r["reps"] >= 2]
     summary = {}
-    for proto in ("ours", "kb"):
+    for proto in protocols:
         spreads = [r[f"{proto}_spread"] for r in honest]
         summary[proto] = {"pairs": len(spreads), "median_spread": statistics.median(spreads) if spreads else None,
                           "worst_spread": max(spreads) if spreads else None}
@@ -302,14 +314,17 @@ def rescore(runs: list[dict]) -> list[dict]:
 
 
 def print_table(agg: dict) -> None:
-    print(f"{'pair':>14} {'reps':>4} {'ref ms':>9} | {'ours x':>7} {'spread':>7} | {'KB x':>7} {'spread':>7} | note")
+    protocols = list(agg["summary"])
+    print(f"{'pair':>14} {'reps':>4} {'ref ms':>9} | "
+          + " | ".join(f"{proto + ' x':>9} {'spread':>7}" for proto in protocols) + " | note")
     for r in agg["rows"]:
         note = ""
         if r["adversarial"]:
             note = ("ADVERSARIAL: escape flagged" if r["ours_escape_flagged"] else "ADVERSARIAL: NOT flagged") + (
                 ", rewarded as faster by ours!" if r["ours_rewarded_faster"] else ", never rewarded by ours")
-        print(f"{r['id']:>14} {r['reps']:>4} {r['ref_ms']:>9.4f} | {r['ours_median']:>7.3f} {r['ours_spread']:>7.3f}"
-              f" | {r['kb_median']:>7.3f} {r['kb_spread']:>7.3f} | {note}")
+        print(f"{r['id']:>14} {r['reps']:>4} {r['ref_ms']:>9.4f} | "
+              + " | ".join(f"{r[proto + '_median']:>9.3f} {r[proto + '_spread']:>7.3f}" for proto in protocols)
+              + f" | {note}")
     probed = [r for r in agg["rows"] if "probe" in r]
     if probed:
         print(f"{'pair':>14} | reference median spread: across processes, within (all loops), within (same sets),"
@@ -401,8 +416,10 @@ def main() -> None:
     ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                     help="re-aggregate a saved --out file under the current reporting rule (reference at its "
                          "median; candidate at its median, or its host time when flagged) and print the table")
-    ap.add_argument("--timing-loops", type=int, default=1,
-                    help="independent loops per timing of ours (TimingPlan.loops): the mean of their medians")
+    ap.add_argument("--timing-loops", default="1",
+                    help="independent loops per timing of ours (TimingPlan.loops), reported as the mean of their "
+                         "medians; a comma list (e.g. 1,4) times ours once per value in the same processes and "
+                         "reports each as a protocol (ours, ours_k4, ...)")
     ap.add_argument("--probe", action="store_true",
                     help="also time each process's reference twice more on its input sets and twice on sets "
                          "allocated afresh, to tell drift, buffer placement and (with the SM clock every timing "
@@ -411,6 +428,12 @@ def main() -> None:
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    try:
+        loops = tuple(int(k) for k in args.timing_loops.split(","))
+    except ValueError:
+        ap.error(f"--timing-loops takes loop counts separated by commas (e.g. 1,4), not {args.timing_loops!r}")
+    if not loops or min(loops) < 1 or len(set(loops)) != len(loops):
+        ap.error(f"--timing-loops: distinct counts of at least 1, got {args.timing_loops!r}")
     if args.smoke:
         args.repeats = min(args.repeats, 3)
     device = "cpu" if args.smoke else "cuda"
@@ -425,9 +448,8 @@ def main() -> None:
         else:
             plan, flush_bytes = T.TimingPlan(warmup=5, min_iters=50, max_iters=5000, min_time_s=0.2,
                                              max_time_s=1.5, target_rel_ci=0.005), None
-        plan = dataclasses.replace(plan, loops=args.timing_loops)
         result = time_one(args.one, args.pairs, device, Path(args.cache) / "timing.lock", plan, flush_bytes,
-                          probe_variance=args.probe)
+                          probe_variance=args.probe, loops=loops)
         print(RESULT + json.dumps(result), flush=True)
     else:
         main_parent(args)
