@@ -1,9 +1,15 @@
-"""build_speed: the light CUDA header rewrite, flag normalisation, and a real build through the precompiled header."""
+"""build_speed: the light and lean CUDA headers, flag normalisation, and a real build through the precompiled header."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import build_pch, light_cuda_sources, normalize_cflags, plan_pch
+from dice_kernels.harness.build_speed import build_pch, lean_aten_headers, light_cuda_sources, normalize_cflags, plan_pch
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -56,3 +62,83 @@ def test_a_cold_batch_publishes_the_header_for_the_next_run(tmp_path, example_pa
     headers = list((tmp_path / "pch").glob("*/torch/extension.h.gch"))
     assert len(headers) == 2  # extra_cflags [] and ["-O3"]
     assert all((h.parent / "extension.h").resolve().name == "extension.h" for h in headers)
+
+
+UMBRELLA = """#pragma once
+#include <ATen/Context.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/var.h>
+namespace at {
+inline Tensor var(const Tensor& self, int dim) { return at::var(self, IntArrayRef{dim}); }
+}
+"""
+
+
+def test_lean_umbrella_keeps_the_named_operators_and_those_its_own_code_names():
+    from dice_kernels.harness.build_speed import _OPS_INCLUDE, lean_umbrella
+
+    lean = lean_umbrella(UMBRELLA, _OPS_INCLUDE["Functions.h"], {"relu", "x"})
+    assert "#include <ATen/ops/relu.h>" in lean  # named by the sources
+    assert "#include <ATen/ops/var.h>" in lean  # its overload `var(self, int)` is defined here: never cut
+    assert "#include <ATen/ops/add.h>" not in lean
+    assert "#include <ATen/Context.h>" in lean and "inline Tensor var" in lean
+
+
+def test_lean_headers_cut_torchs_umbrellas_to_the_operators_named(tmp_path):
+    import re
+
+    import torch
+
+    aten = Path(torch.__file__).parent / "include" / "ATen"
+    flags = lean_aten_headers("auto y = torch::empty_like(x); auto z = at::sigmoid(y);", tmp_path)
+    assert flags == ["-DAT_PER_OPERATOR_HEADERS", f"-I{tmp_path}"]
+    ops = set(re.findall(r"<ATen/ops/(\w+)\.h>", (tmp_path / "ATen" / "Functions.h").read_text()))
+    assert {"empty_like", "sigmoid", "var"} <= ops and "conv2d" not in ops
+    assert len(ops) < len(re.findall(r"<ATen/ops/\w+\.h>", (aten / "Functions.h").read_text())) / 10
+    native = (tmp_path / "ATen" / "NativeFunctions.h").read_text()
+    assert "<ATen/ops/sigmoid_native.h>" in native and "<ATen/ops/conv2d_native.h>" not in native
+
+
+def _syntax_check(source: str, flags: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """g++ over `source` with torch's include paths: the same headers the CUDA unit parses, in C++."""
+    import torch.utils.cpp_extension as cpp
+
+    (tmp_path / "unit.cpp").write_text(source)
+    includes = [f"-isystem{p}" for p in cpp.include_paths()]
+    return subprocess.run(["g++", "-std=c++17", "-fsyntax-only", *includes, *flags, str(tmp_path / "unit.cpp")],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_lean_headers_compile_what_the_sources_name_and_fail_on_what_they_hide(tmp_path):
+    named = ("#include <torch/types.h>\n"
+             "at::Tensor f(const at::Tensor& x) { auto y = torch::empty_like(x); return at::var(y, 1) + torch::relu(x); }\n")
+    checked = _syntax_check(named, lean_aten_headers(named, tmp_path / "named"), tmp_path)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    # an operator named only through token pasting is not seen: the lean unit fails (the build then falls back
+    # to the light and the candidate's own headers, where it compiles)
+    hidden = "#include <torch/types.h>\n#define OP(a, b) at::a##b\nat::Tensor f(const at::Tensor& x) { return OP(sig, moid)(x); }\n"
+    assert _syntax_check(hidden, lean_aten_headers(hidden, tmp_path / "hidden"), tmp_path).returncode != 0
+    assert _syntax_check(hidden, [], tmp_path).returncode == 0
+
+
+def test_cuda_builds_try_lean_then_light_then_the_candidates_own_headers(tmp_path):
+    from types import SimpleNamespace
+
+    from dice_kernels.harness.worker import BuildLog, _build_attempts
+
+    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": "/pch"})
+    arguments = {"name": "ext", "cpp_sources": "", "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
+    log = BuildLog()
+    attempts = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
+    assert [(h, d.name) for h, _, d in attempts] == [("lean", "ext_1"), ("light", "ext_1_light"), ("own", "ext_1_own")]
+    lean, light, own = (a for _, a, _ in attempts)
+    assert lean["extra_cuda_cflags"][:2] == ["-O3", "-DAT_PER_OPERATOR_HEADERS"]
+    assert lean["cuda_sources"] == light["cuda_sources"] != own["cuda_sources"] == arguments["cuda_sources"]
+    assert own["extra_cflags"] == ["-I/pch"] and light["extra_cuda_cflags"] == own["extra_cuda_cflags"] == ["-O3"]
+    assert log.shortcuts == [{"key": "ext#1", "pch": True, "headers": []}]
+    # the CPU backend (no CUDA sources) and a run worker's late build use the candidate's own
+    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None)
+    cpu = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
+    assert [(h, d.name) for h, _, d in cpu] == [("own", "e")]

@@ -10,6 +10,12 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_cuda_sources` drops that include;
   the build worker compiles the light sources first and, on any failure, the candidate's own sources.
+- that unit still parses ATen's umbrella headers, `ATen/Functions.h` and `ATen/NativeFunctions.h`: one
+  `#include <ATen/ops/NAME.h>` per operator (~1,300 each). `lean_aten_headers` writes copies, found before
+  torch's, that keep the operators the sources name (and those the umbrella's own code names), and defines
+  `AT_PER_OPERATOR_HEADERS` so torch's other headers include exactly the operators they use, as they do when
+  torch itself is built. Every name the sources use keeps all its overloads; a name left out fails to compile,
+  and the build falls back.
 """
 
 from __future__ import annotations
@@ -53,6 +59,41 @@ def light_cuda_sources(sources) -> list[str] | None:
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
+
+
+_OPS_INCLUDE = {  # ATen umbrella header -> its per-operator include lines (group 1: the operator's name)
+    "Functions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)\.h>[ \t]*$", re.MULTILINE),
+    "NativeFunctions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)_native\.h>[ \t]*$", re.MULTILINE),
+}
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def lean_umbrella(text: str, pattern: re.Pattern, names: set[str]) -> str:
+    """An umbrella header's text with only the per-operator includes whose operator is in `names` or is named by
+    the umbrella's own code (Functions.h defines a few overloads, such as `at::var(self, int dim)`, on top of
+    the operators': leaving their operators out would change which overload a call picks)."""
+    own = set(_IDENTIFIER.findall(pattern.sub("", text)))
+    return pattern.sub(lambda m: m.group(0) if m.group(1) in names or m.group(1) in own else "", text)
+
+
+def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> list[str] | None:
+    """Write the lean umbrella headers for CUDA `sources` under `out_dir/ATen`; returns the extra CUDA flags that
+    use them, or None when torch's umbrellas are not where expected. Every identifier in the sources counts
+    as a name (comments and strings too: an extra operator costs a little time, never a changed meaning)."""
+    if aten_dir is None:
+        import torch
+
+        aten_dir = Path(torch.__file__).parent / "include" / "ATen"
+    texts = [sources] if isinstance(sources, str) else list(sources or [])
+    names = {n for t in texts for n in _IDENTIFIER.findall(t)}
+    try:
+        umbrellas = {name: (aten_dir / name).read_text() for name in _OPS_INCLUDE}
+    except OSError:
+        return None
+    (out_dir / "ATen").mkdir(parents=True, exist_ok=True)
+    for name, text in umbrellas.items():
+        (out_dir / "ATen" / name).write_text(lean_umbrella(text, _OPS_INCLUDE[name], names))
+    return ["-DAT_PER_OPERATOR_HEADERS", f"-I{out_dir}"]
 
 
 def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:

@@ -63,7 +63,7 @@ class Job:
     atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
     rtol: float = 0.0
     pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
-    light_headers: bool = False  # build mode: try CUDA sources without <torch/extension.h> first
+    light_headers: bool = False  # build mode: try lighter torch headers for CUDA sources first (build_speed.py)
     compile_baseline: bool = False  # reference role: also time torch.compile(Model) with the same protocol
     # reference role: report the task's speed-of-light inputs (FLOPs, minimum bytes moved) and measure the
     # device's ceilings for the task's dtype unless the parent already has them (dtype names it has)
@@ -138,15 +138,15 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
             attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
             start = time.monotonic()
             try:
-                for n, (arguments, directory) in enumerate(attempts, 1):
+                for n, (headers, arguments, directory) in enumerate(attempts, 1):
                     directory.mkdir(parents=True, exist_ok=True)
+                    log.shortcuts[-1]["headers"].append(headers)
                     try:
                         module = original(**{**arguments, "build_directory": str(directory)})
                         break
-                    except Exception:  # noqa: BLE001 - the light attempt failed: the candidate's own sources decide
+                    except Exception:  # noqa: BLE001 - a lighter attempt failed: the next one decides
                         if n == len(attempts):
                             raise
-                        log.shortcuts[-1]["light_header"] = "fell back"
             except BaseException as e:  # noqa: BLE001 - recorded, then re-raised to the candidate
                 log.failures.append(_excerpt(str(e)))
                 raise
@@ -163,21 +163,33 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
     cpp.load = wrap(cpp.load)
 
 
-def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: str) -> list[tuple[dict, Path]]:
-    """The (load_inline arguments, build directory) pairs to try in order; the last is the candidate's own."""
+def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
+                    key: str) -> list[tuple[str, dict, Path]]:
+    """The (headers, load_inline arguments, build directory) attempts in order; the last is the candidate's own
+    sources. `headers` names the CUDA unit's torch headers (build_speed.py): "lean" (light, with ATen's
+    umbrellas cut to the operators the sources name), "light" (without <torch/extension.h>) or "own"."""
+    log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
-        return [(arguments, out)]
-    from dice_kernels.harness.build_speed import light_cuda_sources, normalize_cflags
+        return [("own", arguments, out)]
+    from dice_kernels.harness.build_speed import lean_aten_headers, light_cuda_sources, normalize_cflags
 
     own = dict(arguments)
     pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
     if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
         own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
-    light = light_cuda_sources(own.get("cuda_sources")) if job.light_headers else None
-    log.shortcuts.append({"key": key, "pch": bool(pch_dir), "light_header": "used" if light else "n/a"})
-    if light is None:
-        return [(own, out)]
-    return [({**own, "cuda_sources": light}, out), (own, out.with_name(out.name + "_own"))]
+    log.shortcuts[-1]["pch"] = bool(pch_dir)
+    attempts = [("own", own, out.with_name(out.name + "_own"))]
+    if not job.light_headers or not own.get("cuda_sources"):
+        return [("own", own, out)]
+    light = light_cuda_sources(own["cuda_sources"])
+    sources = own["cuda_sources"] if light is None else light
+    if light is not None:
+        attempts.insert(0, ("light", {**own, "cuda_sources": light}, out.with_name(out.name + "_light")))
+    lean_flags = lean_aten_headers(sources, out.with_name(out.name + "_lean_include"))
+    if lean_flags:
+        attempts.insert(0, ("lean", {**own, "cuda_sources": sources,
+                                     "extra_cuda_cflags": [*(own.get("extra_cuda_cflags") or []), *lean_flags]}, out))
+    return attempts
 
 
 def _excerpt(text: str) -> str:

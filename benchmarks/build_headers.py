@@ -1,0 +1,170 @@
+"""What the CUDA unit of a `load_inline` build costs with each header mode of harness/build_speed.py (issue 5).
+
+For the first --n DICE pairs' kernels, a child process runs the solution's module code with `load_inline`
+patched to record its arguments (the kernel's own sources and flags), and this process then builds the
+extension once per mode, each into a fresh directory, with torch's own flags:
+
+    own    the candidate's sources as written (KernelBench does this)
+    light  without `#include <torch/extension.h>` (build_speed.light_cuda_sources)
+    lean   light, plus ATen's umbrella headers cut to the operators the sources name (build_speed.lean_aten_headers)
+
+It reports, per mode, how many CUDA units compiled and the seconds `nvcc` took for them (ninja's log of the
+`cuda.cuda.o` step, so the C++ unit and the link are left out). On a machine whose torch has no CUDA (the
+2-core machine) nvcc still compiles the unit; the link then fails, which this benchmark ignores. Usage:
+
+    python benchmarks/build_headers.py --n 12 --jobs 2 --out build_headers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from dice_kernels.harness.build_speed import lean_aten_headers, light_cuda_sources  # noqa: E402
+
+DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
+MODES = ("own", "light", "lean")
+_CAPTURE = r"""
+import json, sys, torch.utils.cpp_extension as cpp
+class Captured(BaseException): pass
+def capture(*args, **kwargs):
+    import inspect
+    bound = inspect.signature(cpp.__dict__["_original_load_inline"]).bind(*args, **kwargs)
+    print("ARGS " + json.dumps({k: v for k, v in bound.arguments.items() if isinstance(v, (str, list, type(None)))}))
+    raise Captured
+cpp._original_load_inline = cpp.load_inline
+cpp.load_inline = capture
+try:
+    exec(compile(open(sys.argv[1]).read(), "solution", "exec"), {"__name__": "solution"})
+except Captured:
+    pass
+"""
+
+
+def capture_arguments(code: str, timeout: float = 120) -> dict | None:
+    """The first `load_inline` call's arguments, from running the solution's module code in a child process."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(code)
+    try:
+        out = subprocess.run([sys.executable, "-c", _CAPTURE, f.name], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        os.unlink(f.name)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ARGS ")]
+    return json.loads(lines[0][5:]) if lines else None
+
+
+def mode_arguments(arguments: dict, mode: str, scratch: Path) -> dict | None:
+    """The load_inline arguments for `mode`, or None where the mode changes nothing."""
+    if mode == "own":
+        return dict(arguments)
+    light = light_cuda_sources(arguments.get("cuda_sources"))
+    sources = light if light is not None else arguments.get("cuda_sources")
+    if mode == "light":
+        return None if light is None else {**arguments, "cuda_sources": light}
+    flags = lean_aten_headers(sources, scratch / "lean_include")
+    if flags is None:
+        return None
+    return {**arguments, "cuda_sources": sources, "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []),
+                                                                        *flags]}
+
+
+def compile_cuda_unit(arguments: dict, directory: Path) -> dict:
+    """Build into `directory`; returns whether the CUDA unit compiled and nvcc's seconds for it."""
+    import torch.utils.cpp_extension as cpp
+
+    directory.mkdir(parents=True)
+    error = ""
+    try:
+        cpp.load_inline(**{**arguments, "build_directory": str(directory), "verbose": False})
+    except Exception as e:  # noqa: BLE001 - a failed link is expected without CUDA libraries; the log decides
+        error = str(e)
+    seconds = None
+    log = directory / ".ninja_log"
+    if log.exists():
+        for line in log.read_text().splitlines()[1:]:
+            start, end, _, target, _ = line.split("\t")
+            if target.endswith(".cuda.o"):
+                seconds = (int(end) - int(start)) / 1000
+    compiled = any(directory.glob("*.cuda.o"))
+    return {"compiled": compiled, "nvcc_s": seconds if compiled else None,
+            "error": "" if compiled else error[-400:]}
+
+
+def run_pair(row: dict, modes: tuple[str, ...], root: Path) -> dict:
+    arguments = capture_arguments(row["cuda_code"])
+    result = {"id": str(row["id"]), "modes": {}}
+    if not arguments or not arguments.get("cuda_sources"):
+        result["error"] = "no load_inline call with cuda_sources"
+        return result
+    for mode in modes:
+        scratch = root / str(row["id"]) / mode
+        args = mode_arguments(arguments, mode, scratch)
+        result["modes"][mode] = compile_cuda_unit(args, scratch / "build") if args is not None else None
+        print(f"{row['id']:>6} {mode:>5}: {result['modes'][mode]}", flush=True)
+    return result
+
+
+def summarize(results: list[dict], modes: tuple[str, ...]) -> dict:
+    out = {}
+    for mode in modes:
+        tried = [r["modes"][mode] for r in results if r.get("modes", {}).get(mode)]
+        times = [t["nvcc_s"] for t in tried if t["compiled"]]
+        out[mode] = {"tried": len(tried), "compiled": len(times),
+                     "median_nvcc_s": statistics.median(times) if times else None}
+    # the same kernels in every mode, side by side: the ratio that says what a mode saves
+    both = [r for r in results if all((r.get("modes", {}).get(m) or {}).get("compiled") for m in modes)]
+    for mode in modes[1:]:
+        ratios = [r["modes"]["own"]["nvcc_s"] / r["modes"][mode]["nvcc_s"] for r in both]
+        out[mode]["median_speedup_vs_own"] = statistics.median(ratios) if ratios else None
+    out["compared"] = len(both)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
+    ap.add_argument("--n", type=int, default=12, help="pairs to build, in file order")
+    ap.add_argument("--skip", type=int, default=0, help="pairs to skip first")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    ap.add_argument("--jobs", type=int, default=2, help="pairs built at once (each builds its modes in turn)")
+    ap.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST (9.0: the H200)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(MODES) or modes[0] != "own" and len(modes) > 1:
+        ap.error(f"--modes: a comma list of {MODES}, starting with own when there are several")
+    import torch.utils.cpp_extension as cpp
+
+    if cpp.CUDA_HOME is None and shutil.which("nvcc"):  # a CPU torch: nvcc still compiles the unit
+        cpp.CUDA_HOME = str(Path(shutil.which("nvcc")).resolve().parents[1])
+    os.environ.update(TORCH_CUDA_ARCH_LIST=args.arch, MAX_JOBS="1")
+    rows = json.loads(args.pairs.read_text())[args.skip:args.skip + args.n]
+    with tempfile.TemporaryDirectory(prefix="dice-build-headers-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda r: run_pair(r, modes, Path(tmp)), rows))
+    summary = summarize(results, modes)
+    print(f"{'mode':>6} {'tried':>6} {'compiled':>9} {'median nvcc s':>14} {'x vs own':>9}")
+    for mode in modes:
+        s = summary[mode]
+        med = f"{s['median_nvcc_s']:.1f}" if s["median_nvcc_s"] else "-"
+        ratio = s.get("median_speedup_vs_own")
+        print(f"{mode:>6} {s['tried']:>6} {s['compiled']:>9} {med:>14} {f'{ratio:.2f}' if ratio else '-':>9}")
+    print(f"kernels compiled in every mode: {summary['compared']}")
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
