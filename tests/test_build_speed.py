@@ -123,7 +123,7 @@ def test_lean_headers_compile_what_the_sources_name_and_fail_on_what_they_hide(t
     assert _syntax_check(hidden, [], tmp_path).returncode == 0
 
 
-def test_cuda_builds_try_lean_then_light_then_the_candidates_own_headers(tmp_path):
+def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
     from types import SimpleNamespace
 
     from dice_kernels.harness.worker import BuildLog, _build_attempts
@@ -132,13 +132,16 @@ def test_cuda_builds_try_lean_then_light_then_the_candidates_own_headers(tmp_pat
     arguments = {"name": "ext", "cpp_sources": "", "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
     log = BuildLog()
     attempts = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
-    assert [(h, d.name) for h, _, d in attempts] == [("lean", "ext_1"), ("light", "ext_1_light"), ("own", "ext_1_own")]
-    lean, light, own = (a for _, a, _ in attempts)
+    assert [(h, d.name) for h, _, d in attempts] == [("lean", "ext_1"), ("own", "ext_1_own")]
+    (_, lean, _), (_, own, _) = attempts
     assert lean["extra_cuda_cflags"][:2] == ["-O3", "-DAT_PER_OPERATOR_HEADERS"]
-    assert lean["cuda_sources"] == light["cuda_sources"] != own["cuda_sources"] == arguments["cuda_sources"]
-    assert own["extra_cflags"] == ["-I/pch"] and light["extra_cuda_cflags"] == own["extra_cuda_cflags"] == ["-O3"]
+    assert lean["cuda_sources"] == light_cuda_sources(arguments["cuda_sources"])
+    assert own["cuda_sources"] == arguments["cuda_sources"] and own["extra_cuda_cflags"] == ["-O3"]
+    assert lean["extra_cflags"] == own["extra_cflags"] == ["-I/pch"]  # main.cpp takes the PCH either way
     assert log.shortcuts == [{"key": "ext#1", "pch": True, "headers": []}]
-    # the CPU backend (no CUDA sources) and a run worker's late build use the candidate's own
+    # code that visibly needs the Python bindings or the C++ frontend, and the CPU backend, build as written
+    bindings = {**arguments, "cuda_sources": KERNEL + "PYBIND11_MODULE(m, m) {}"}
+    assert [h for h, _, _ in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")] == ["own"]
     cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None)
     cpu = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
     assert [(h, d.name) for h, _, d in cpu] == [("own", "e")]

@@ -59,10 +59,9 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
     res = {r.candidate_id: r for r in evaluate([(task, plain), (task, needs_full)], config, progress=False)}
     assert {k: r.outcome for k, r in res.items()} == {"19_ReLU/correct": Outcome.CORRECT,
                                                      "19_ReLU/needs_full_header": Outcome.CORRECT}
-    # the lean headers serve the plain kernel; the one that needs torch/cuda.h falls back through light to its own
+    # the lean headers serve the plain kernel; the one that needs torch/cuda.h falls back to its own
     assert [s["headers"] for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == [["lean"]]
-    assert [s["headers"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == [
-        ["lean", "light", "own"]]
+    assert [s["headers"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == [["lean", "own"]]
 
 
 def test_inputs_are_generated_on_the_gpu_and_on_the_cpu_where_get_inputs_needs_it():

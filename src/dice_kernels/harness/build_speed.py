@@ -15,7 +15,7 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
   torch's, that keep the operators the sources name (and those the umbrella's own code names), and defines
   `AT_PER_OPERATOR_HEADERS` so torch's other headers include exactly the operators they use, as they do when
   torch itself is built. Every name the sources use keeps all its overloads; a name left out fails to compile,
-  and the build falls back.
+  and the build falls back to the candidate's own sources.
 """
 
 from __future__ import annotations
@@ -49,13 +49,21 @@ def normalize_cflags(flags) -> tuple[str, ...]:
     return tuple(f.strip() for f in flags if str(f).strip())
 
 
+def _texts(sources) -> list[str]:
+    return [sources] if isinstance(sources, str) else list(sources or [])
+
+
+def needs_full_header(sources) -> bool:
+    """Whether the code visibly uses what only <torch/extension.h> declares (Python bindings, the C++ frontend):
+    no lighter header is tried for it."""
+    return any(_NEEDS_BINDINGS.search(t) for t in _texts(sources))
+
+
 def light_cuda_sources(sources) -> list[str] | None:
     """`sources` without `#include <torch/extension.h>`, or None when nothing would change or the code
-    visibly needs what only that header declares (Python bindings, the C++ frontend)."""
-    if sources is None:
-        return None
-    texts = [sources] if isinstance(sources, str) else list(sources)
-    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or any(_NEEDS_BINDINGS.search(t) for t in texts):
+    visibly needs what only that header declares."""
+    texts = _texts(sources)
+    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or needs_full_header(texts):
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
@@ -84,8 +92,7 @@ def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> l
         import torch
 
         aten_dir = Path(torch.__file__).parent / "include" / "ATen"
-    texts = [sources] if isinstance(sources, str) else list(sources or [])
-    names = {n for t in texts for n in _IDENTIFIER.findall(t)}
+    names = {n for t in _texts(sources) for n in _IDENTIFIER.findall(t)}
     try:
         umbrellas = {name: (aten_dir / name).read_text() for name in _OPS_INCLUDE}
     except OSError:

@@ -76,7 +76,7 @@ class EvalConfig:
     output_memory_gb: float = 0.0
     file_limit_mb: int = 4096  # largest file a worker may write
     cache_dir: Path = field(default_factory=default_cache_dir)
-    # build_speed.py: a precompiled torch/extension.h for main.cpp and a lighter header for CUDA sources (with a
+    # build_speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
     # retry on the candidate's own sources); neither changes what a candidate's code means
     fast_build: bool = True
     isolate_network: bool = True

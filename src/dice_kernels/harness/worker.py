@@ -166,30 +166,35 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
 def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
                     key: str) -> list[tuple[str, dict, Path]]:
     """The (headers, load_inline arguments, build directory) attempts in order; the last is the candidate's own
-    sources. `headers` names the CUDA unit's torch headers (build_speed.py): "lean" (light, with ATen's
-    umbrellas cut to the operators the sources name), "light" (without <torch/extension.h>) or "own"."""
+    sources. `headers` names the CUDA unit's torch headers (build_speed.py): "lean" (light sources, ATen's
+    umbrellas cut to the operators they name), "light" (without <torch/extension.h>; only where the lean
+    umbrellas cannot be written) or "own". One lighter attempt, not two: a candidate with a real compile error
+    pays for every attempt, and on the H200 the lean headers compiled all 16 DICE kernels measured (benchmarks.md)."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [("own", arguments, out)]
-    from dice_kernels.harness.build_speed import lean_aten_headers, light_cuda_sources, normalize_cflags
+    from dice_kernels.harness.build_speed import (lean_aten_headers, light_cuda_sources, needs_full_header,
+                                                  normalize_cflags)
 
     own = dict(arguments)
     pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
     if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
         own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
     log.shortcuts[-1]["pch"] = bool(pch_dir)
-    attempts = [("own", own, out.with_name(out.name + "_own"))]
-    if not job.light_headers or not own.get("cuda_sources"):
+    sources = own.get("cuda_sources")
+    if not job.light_headers or not sources or needs_full_header(sources):
         return [("own", own, out)]
-    light = light_cuda_sources(own["cuda_sources"])
-    sources = own["cuda_sources"] if light is None else light
-    if light is not None:
-        attempts.insert(0, ("light", {**own, "cuda_sources": light}, out.with_name(out.name + "_light")))
-    lean_flags = lean_aten_headers(sources, out.with_name(out.name + "_lean_include"))
+    light = light_cuda_sources(sources)
+    lighter = own["cuda_sources"] if light is None else light
+    lean_flags = lean_aten_headers(lighter, out.with_name(out.name + "_lean_include"))
     if lean_flags:
-        attempts.insert(0, ("lean", {**own, "cuda_sources": sources,
-                                     "extra_cuda_cflags": [*(own.get("extra_cuda_cflags") or []), *lean_flags]}, out))
-    return attempts
+        first = ("lean", {**own, "cuda_sources": lighter,
+                          "extra_cuda_cflags": [*(own.get("extra_cuda_cflags") or []), *lean_flags]})
+    elif light is not None:
+        first = ("light", {**own, "cuda_sources": light})
+    else:
+        return [("own", own, out)]
+    return [(*first, out), ("own", own, out.with_name(out.name + "_own"))]
 
 
 def _excerpt(text: str) -> str:
