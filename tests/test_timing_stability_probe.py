@@ -39,3 +39,18 @@ def test_probe_summary_sees_loops_that_differ_where_each_pair_of_re_timings_agre
             _run(6.37, [5.79, 6.37], [5.82, 6.37], [1730.0, 1750.0, 1770.0])]
     s = ts._probe_summary(runs)
     assert s["ref_same_sets_within"] < 1.06 and s["ref_loops_within"] == pytest.approx((6.98 / 6.08 + 6.37 / 5.79) / 2)
+
+
+def test_each_loop_count_is_aggregated_as_its_own_protocol():
+    def run(pid: str, ours: float, k4: float, kb: float) -> dict:
+        return {"id": pid, "ours": {"speedup": ours, "lo": 1.0, "hi": 1.0, "ref": {"median_ms": 0.01},
+                                    "cand": {"escape": False}},
+                "ours_k4": {"speedup": k4}, "kb": {"speedup": kb}}
+
+    agg = ts.aggregate([run("a", 2.0, 2.0, 1.0), run("a", 2.1, 2.02, 1.5), run("b", 1.0, 1.0, 1.0),
+                        run("b", 1.0, 1.01, 1.0), {"id": "b", "error": "timeout"}])
+    assert list(agg["summary"]) == ["ours", "ours_k4", "kb"]
+    assert agg["summary"]["ours"]["worst_spread"] == pytest.approx(1.05)
+    assert agg["summary"]["ours_k4"]["worst_spread"] == pytest.approx(1.01)
+    assert agg["summary"]["kb"]["worst_spread"] == pytest.approx(1.5)
+    assert {r["id"]: r["reps"] for r in agg["rows"]} == {"a": 2, "b": 2}
