@@ -1,8 +1,9 @@
 """What the CUDA unit of a `load_inline` build costs with each header mode of harness/build_speed.py (issue 5).
 
-For the first --n DICE pairs' kernels, a child process runs the solution's module code with `load_inline`
-patched to record its arguments (the kernel's own sources and flags), and this process then builds the
-extension once per mode, each into a fresh directory, with torch's own flags:
+For the first --n kernels of a corpus (DICE pairs' `cuda_code`, or the leaderboard's `code`), a child process
+runs the solution's module code with `load_inline` patched to record its arguments (the kernel's own sources
+and flags), and this process then builds the extension once per mode, each into a fresh directory, with
+torch's own flags:
 
     own    the candidate's sources as written (KernelBench does this)
     light  without `#include <torch/extension.h>` (build_speed.light_cuda_sources)
@@ -103,17 +104,25 @@ def compile_cuda_unit(arguments: dict, directory: Path) -> dict:
             "error": "" if compiled else error[-400:]}
 
 
+def row_id(row: dict) -> str:
+    """A DICE pair's id, or a leaderboard solution's `L<level>/<problem>/<file prefix>` (as the harness names it)."""
+    if "id" in row:
+        return str(row["id"])
+    return f"L{row['level']}/{int(row['problem_id']) + 1}/{row['file'][:4]}"
+
+
 def run_pair(row: dict, modes: tuple[str, ...], root: Path) -> dict:
-    arguments = capture_arguments(row["cuda_code"])
-    result = {"id": str(row["id"]), "modes": {}}
+    rid = row_id(row)
+    arguments = capture_arguments(row.get("cuda_code") or row["code"])
+    result = {"id": rid, "modes": {}}
     if not arguments or not arguments.get("cuda_sources"):
         result["error"] = "no load_inline call with cuda_sources"
         return result
     for mode in modes:
-        scratch = root / str(row["id"]) / mode
+        scratch = root / rid.replace("/", "_") / mode
         args = mode_arguments(arguments, mode, scratch)
         result["modes"][mode] = compile_cuda_unit(args, scratch / "build") if args is not None else None
-        print(f"{row['id']:>6} {mode:>5}: {result['modes'][mode]}", flush=True)
+        print(f"{rid:>12} {mode:>5}: {result['modes'][mode]}", flush=True)
     return result
 
 
@@ -135,7 +144,8 @@ def summarize(results: list[dict], modes: tuple[str, ...]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
+    ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS,
+                    help="a JSON list of DICE pairs (cuda_code) or of leaderboard solutions (code)")
     ap.add_argument("--n", type=int, default=12, help="pairs to build, in file order")
     ap.add_argument("--skip", type=int, default=0, help="pairs to skip first")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")

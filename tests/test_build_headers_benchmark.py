@@ -40,3 +40,8 @@ def test_summary_compares_modes_on_the_kernels_every_mode_compiled():
     assert s["compared"] == 1
     assert s["lean"] == {"tried": 2, "compiled": 1, "median_nvcc_s": 20.0, "median_speedup_vs_own": pytest.approx(3.0)}
     assert s["own"]["median_nvcc_s"] == 50.0 and s["light"]["median_speedup_vs_own"] == pytest.approx(2.0)
+
+
+def test_rows_of_either_corpus_are_named_as_the_harness_names_them():
+    assert bh.row_id({"id": 6995, "cuda_code": ""}) == "6995"
+    assert bh.row_id({"level": "1", "problem_id": "39", "file": "f8c57e5701cb", "code": ""}) == "L1/40/f8c5"
