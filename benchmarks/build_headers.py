@@ -7,7 +7,7 @@ torch's own flags:
 
     own    the candidate's sources as written (KernelBench does this)
     light  without `#include <torch/extension.h>` (build_speed.light_cuda_sources)
-    lean   light, plus ATen's umbrella headers cut to the operators the sources name (build_speed.lean_aten_headers)
+    lean   light, plus ATen's umbrella headers cut to the operators the sources name (build_speed.lean_cuda_arguments)
 
 It reports, per mode, how many CUDA units compiled and the seconds `nvcc` took for them (ninja's log of the
 `cuda.cuda.o` step, so the C++ unit and the link are left out). On a machine whose torch has no CUDA (the
@@ -32,19 +32,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dice_kernels.harness.build_speed import lean_aten_headers, light_cuda_sources  # noqa: E402
+from dice_kernels.harness.build_speed import lean_cuda_arguments, light_cuda_sources  # noqa: E402
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
 MODES = ("own", "light", "lean")
 _CAPTURE = r"""
-import json, sys, torch.utils.cpp_extension as cpp
+import inspect, json, sys, torch.utils.cpp_extension as cpp
 class Captured(BaseException): pass
+original = cpp.load_inline
 def capture(*args, **kwargs):
-    import inspect
-    bound = inspect.signature(cpp.__dict__["_original_load_inline"]).bind(*args, **kwargs)
+    bound = inspect.signature(original).bind(*args, **kwargs)
     print("ARGS " + json.dumps({k: v for k, v in bound.arguments.items() if isinstance(v, (str, list, type(None)))}))
     raise Captured
-cpp._original_load_inline = cpp.load_inline
 cpp.load_inline = capture
 try:
     exec(compile(open(sys.argv[1]).read(), "solution", "exec"), {"__name__": "solution"})
@@ -68,18 +67,14 @@ def capture_arguments(code: str, timeout: float = 120) -> dict | None:
 
 
 def mode_arguments(arguments: dict, mode: str, scratch: Path) -> dict | None:
-    """The load_inline arguments for `mode`, or None where the mode changes nothing."""
+    """The load_inline arguments for `mode` (as the harness's build worker makes them), or None where the mode
+    does not apply."""
     if mode == "own":
         return dict(arguments)
-    light = light_cuda_sources(arguments.get("cuda_sources"))
-    sources = light if light is not None else arguments.get("cuda_sources")
     if mode == "light":
+        light = light_cuda_sources(arguments.get("cuda_sources"))
         return None if light is None else {**arguments, "cuda_sources": light}
-    flags = lean_aten_headers(sources, scratch / "lean_include")
-    if flags is None:
-        return None
-    return {**arguments, "cuda_sources": sources, "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []),
-                                                                        *flags]}
+    return lean_cuda_arguments(arguments, scratch / "lean_include")
 
 
 def compile_cuda_unit(arguments: dict, directory: Path) -> dict:

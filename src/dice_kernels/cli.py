@@ -91,10 +91,8 @@ def eval_cmd(
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, timing_loops=timing_loops,
-                        inputs_on_device=inputs_on_device,
-                        run_timeout_s=timeout,
-                        compile_timeout_s=compile_timeout, memory_limit_gb=memory_gb,
-                        output_memory_gb=output_memory_gb, robust=robust,
+                        inputs_on_device=inputs_on_device, run_timeout_s=timeout, compile_timeout_s=compile_timeout,
+                        memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         baselines=baselines, run_workers=run_workers, warm_workers=warm_workers)
     try:

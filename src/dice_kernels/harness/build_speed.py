@@ -53,7 +53,7 @@ def _texts(sources) -> list[str]:
     return [sources] if isinstance(sources, str) else list(sources or [])
 
 
-def needs_full_header(sources) -> bool:
+def _needs_full_header(sources) -> bool:
     """Whether the code visibly uses what only <torch/extension.h> declares (Python bindings, the C++ frontend):
     no lighter header is tried for it."""
     return any(_NEEDS_BINDINGS.search(t) for t in _texts(sources))
@@ -63,7 +63,7 @@ def light_cuda_sources(sources) -> list[str] | None:
     """`sources` without `#include <torch/extension.h>`, or None when nothing would change or the code
     visibly needs what only that header declares."""
     texts = _texts(sources)
-    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or needs_full_header(texts):
+    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or _needs_full_header(texts):
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
@@ -101,6 +101,22 @@ def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> l
     for name, text in umbrellas.items():
         (out_dir / "ATen" / name).write_text(lean_umbrella(text, _OPS_INCLUDE[name], names))
     return ["-DAT_PER_OPERATOR_HEADERS", f"-I{out_dir}"]
+
+
+def lean_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
+    """`load_inline` arguments for the lean attempt: the light CUDA sources (the candidate's own where there is no
+    include to drop), with the lean umbrellas written under `include_dir` and the flags that use them; None when
+    there are no CUDA sources, the code needs the full header, or torch's umbrellas are not found."""
+    sources = arguments.get("cuda_sources")
+    if not sources or _needs_full_header(sources):
+        return None
+    light = light_cuda_sources(sources)
+    lighter = sources if light is None else light
+    flags = lean_aten_headers(lighter, include_dir)
+    if flags is None:
+        return None
+    return {**arguments, "cuda_sources": lighter,
+            "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []), *flags]}
 
 
 def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:

@@ -70,7 +70,8 @@ class TimingPlan:
     max_lead_ms: float = 2.0
     # independent timing loops (each with its own warm-up, lead sizing and calibration) sharing the iteration and
     # time limits; the reported time is the mean of their medians (`_pool_loops`). On the H200 a 5-10 us
-    # kernel's loops settle at levels about 0.3 us apart, one level per loop: more loops average it out
+    # kernel's loops settle at levels about 0.3 us apart, one level per loop; four loops did not narrow the
+    # spread across processes there (docs/timing.md), so one is the default
     loops: int = 1
 
 

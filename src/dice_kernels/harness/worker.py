@@ -173,23 +173,19 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [("own", arguments, out)]
-    from dice_kernels.harness.build_speed import (lean_aten_headers, light_cuda_sources, needs_full_header,
-                                                  normalize_cflags)
+    from dice_kernels.harness.build_speed import lean_cuda_arguments, light_cuda_sources, normalize_cflags
 
     own = dict(arguments)
     pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
     if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
         own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
     log.shortcuts[-1]["pch"] = bool(pch_dir)
-    sources = own.get("cuda_sources")
-    if not job.light_headers or not sources or needs_full_header(sources):
+    if not job.light_headers:
         return [("own", own, out)]
-    light = light_cuda_sources(sources)
-    lighter = own["cuda_sources"] if light is None else light
-    lean_flags = lean_aten_headers(lighter, out.with_name(out.name + "_lean_include"))
-    if lean_flags:
-        first = ("lean", {**own, "cuda_sources": lighter,
-                          "extra_cuda_cflags": [*(own.get("extra_cuda_cflags") or []), *lean_flags]})
+    lean = lean_cuda_arguments(own, out.with_name(out.name + "_lean_include"))
+    light = light_cuda_sources(own.get("cuda_sources"))
+    if lean is not None:
+        first = ("lean", lean)
     elif light is not None:
         first = ("light", {**own, "cuda_sources": light})
     else:
