@@ -267,7 +267,7 @@ def _row(r: EvalResult) -> dict:
     return {"id": r.candidate_id, "outcome": r.outcome.value, "deceptive_kind": r.deceptive_kind,
             "error": r.error[:300], "wall_s": r.wall_s, "compile_s": r.compile_s,
             "phase_s": r.extra.get("phase_s"), "duplicate_of": r.extra.get("duplicate_of"),
-            "build_cache_hit": r.extra.get("build_cache_hit")}
+            "build_cache_hit": r.extra.get("build_cache_hit"), "build_shortcuts": r.extra.get("build_shortcuts")}
 
 
 def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label: str) -> dict:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import build_pch, lean_aten_headers, light_cuda_sources, normalize_cflags, plan_pch
+from dice_kernels.harness.build_speed import (PchPlan, announce_pch, build_pch, lean_aten_headers, light_cuda_sources,
+                                              normalize_cflags, pch_file, pch_wait_environment, plan_pch, read_pch_wait)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -54,11 +57,15 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
     assert "extension.h" not in with_pch["19_ReLU/broken"].error
 
 
-def test_a_cold_batch_publishes_the_header_for_the_next_run(tmp_path, example_pairs):
+def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(tmp_path, example_pairs):
     pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/broken"]
     config = EvalConfig(backend="cpu", trials=1, timing=False, cache_dir=tmp_path)
     (result,) = evaluate(pairs, config, progress=False)
     assert result.outcome is Outcome.COMPILE_ERROR
+    assert "extension.h" not in result.error  # the compiler's own message about the candidate's code
+    (shortcut,) = result.extra["build_shortcuts"]
+    assert shortcut["pch"] is True and shortcut["pch_wait_s"] > 0  # main.cpp waited for the header, then had it
+    assert not list((tmp_path / "pch").glob("*.building"))
     headers = list((tmp_path / "pch").glob("*/torch/extension.h.gch"))
     assert len(headers) == 2  # extra_cflags [] and ["-O3"]
     assert all((h.parent / "extension.h").resolve().name == "extension.h" for h in headers)
@@ -128,20 +135,71 @@ def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
 
     from dice_kernels.harness.worker import BuildLog, _build_attempts
 
-    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": "/pch"})
+    pch = tmp_path / "pch"
+    (pch / "torch").mkdir(parents=True)
+    (pch / "torch" / "extension.h.gch").write_bytes(b"")
+    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": str(pch)}, pch_compiler=None)
     arguments = {"name": "ext", "cpp_sources": "", "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
     log = BuildLog()
-    attempts = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
+    attempts, env = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
+    assert env is None  # the header is ready: nothing waits
     assert [(h, d.name) for h, _, d in attempts] == [("lean", "ext_1"), ("own", "ext_1_own")]
     (_, lean, _), (_, own, _) = attempts
     assert lean["extra_cuda_cflags"][:2] == ["-O3", "-DAT_PER_OPERATOR_HEADERS"]
     assert lean["cuda_sources"] == light_cuda_sources(arguments["cuda_sources"])
     assert own["cuda_sources"] == arguments["cuda_sources"] and own["extra_cuda_cflags"] == ["-O3"]
-    assert lean["extra_cflags"] == own["extra_cflags"] == ["-I/pch"]  # main.cpp takes the PCH either way
+    assert lean["extra_cflags"] == own["extra_cflags"] == [f"-I{pch}"]  # main.cpp takes the PCH either way
     assert log.shortcuts == [{"key": "ext#1", "pch": True, "headers": []}]
     # code that visibly needs the Python bindings or the C++ frontend, and the CPU backend, build as written
     bindings = {**arguments, "cuda_sources": KERNEL + "PYBIND11_MODULE(m, m) {}"}
-    assert [h for h, _, _ in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")] == ["own"]
-    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None)
-    cpu = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
+    assert [h for h, _, _ in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")[0]] == ["own"]
+    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None, pch_compiler=None)
+    cpu, _ = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
     assert [(h, d.name) for h, _, d in cpu] == [("own", "e")]
+
+
+def _announced(tmp_path: Path) -> tuple[PchPlan, str]:
+    plan = PchPlan(variant=(), root=tmp_path / "pch" / "key", command=["false"], header=tmp_path / "extension.h")
+    compiler = announce_pch([plan], tmp_path)
+    assert compiler is not None and plan.building.exists()
+    return plan, compiler
+
+
+def _compile_through(compiler: str, plan: PchPlan, build: Path) -> subprocess.Popen:
+    build.mkdir()
+    (build / "unit.cpp").write_text("int unit() { return 1; }\n")
+    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler)}
+    return subprocess.Popen([compiler, "-c", "unit.cpp", "-o", "unit.o"], cwd=build, env=env)
+
+
+def test_a_compile_waits_until_the_header_being_built_is_published(tmp_path):
+    plan, compiler = _announced(tmp_path)
+    compile_ = _compile_through(compiler, plan, tmp_path / "build")
+    time.sleep(1.5)
+    assert compile_.poll() is None  # a one-line compile, still waiting for the header
+    pch_file(plan.root).parent.mkdir(parents=True)
+    pch_file(plan.root).write_bytes(b"")  # published (GCC never reads it: unit.cpp includes nothing)
+    assert compile_.wait(timeout=60) == 0 and (tmp_path / "build" / "unit.o").exists()
+    wait = read_pch_wait(tmp_path / "build")
+    assert wait["found"] is True and wait["waited_s"] >= 1.0
+    assert pch_wait_environment(str(plan.root), compiler) is None  # published: later builds compile as usual
+
+
+def test_a_failed_header_build_releases_the_waiting_compiles(tmp_path):
+    plan, compiler = _announced(tmp_path)
+    compile_ = _compile_through(compiler, plan, tmp_path / "build")
+    time.sleep(0.5)
+    assert not build_pch([plan])  # its command fails: nothing is published and the mark is taken away
+    assert not plan.building.exists()
+    assert compile_.wait(timeout=60) == 0 and read_pch_wait(tmp_path / "build")["found"] is False
+    assert pch_wait_environment(str(plan.root), compiler) is None  # nobody builds it: nothing to wait for
+
+
+def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):
+    plan, compiler = _announced(tmp_path)
+    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler)}
+    version = subprocess.run([compiler, "-dumpfullversion"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=30)  # torch's compiler check, while the header is still missing
+    real = subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True, timeout=30)
+    assert version.returncode == 0 and version.stdout == real.stdout
+    assert read_pch_wait(tmp_path) is None

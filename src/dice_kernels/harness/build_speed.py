@@ -2,10 +2,11 @@
 
 A `load_inline` build compiles two translation units, each parsing PyTorch's heavy headers:
 - `main.cpp` starts with `#include <torch/extension.h>`: the trusted parent precompiles that header once per
-  (compiler flags, torch) into the build cache (`plan_pch`/`build_pch`, in the background: builds that start
-  earlier do without it); build workers only read it. GCC uses a
-  precompiled header only when it is valid for the compile at hand and otherwise parses the real header, so a
-  mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
+  (compiler flags, torch) into the build cache (`plan_pch`/`build_pch`, in the background). Builds that start
+  before it is ready compile their CUDA unit meanwhile while `main.cpp` waits for the header
+  (`announce_pch`, `pch_wait_environment`): parsing the header without it costs each build more than the wait.
+  GCC uses a precompiled header only when it is valid for the compile at hand and otherwise parses the real
+  header, so a mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_cuda_sources` drops that include;
@@ -35,6 +36,28 @@ from pathlib import Path
 
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
 PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
+# the longest a compile waits for a header being built (it takes ~31 s on the H200 machine's host); after that
+# it goes on without
+PCH_WAIT_S = 120
+
+# The compiler a build worker gives torch (as CXX) while a header it could use is being built: a compile (`-c`)
+# waits until the header is published, its build is over, or PCH_WAIT_S have passed, writes what it waited to
+# pch_wait.json in the build directory (ninja's working directory), then runs the real compiler unchanged.
+# Links and torch's version checks pass straight through.
+_WAITING_COMPILER = """#!/bin/sh
+case " $* " in
+*" -c "*)
+    tenths=0
+    while [ ! -e "$DICE_PCH_FILE" ] && [ -e "$DICE_PCH_BUILDING" ] && [ "$tenths" -lt "$DICE_PCH_WAIT_TENTHS" ]; do
+        sleep 0.1
+        tenths=$((tenths + 1))
+    done
+    found=false
+    [ -e "$DICE_PCH_FILE" ] && found=true
+    printf '{"waited_tenths": %d, "found": %s}\n' "$tenths" "$found" > pch_wait.json ;;
+esac
+exec $DICE_PCH_REAL_CXX "$@"
+"""
 
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
 _NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
@@ -149,7 +172,20 @@ class PchPlan:
 
     @property
     def ready(self) -> bool:
-        return (self.root / "torch" / "extension.h.gch").exists()
+        return pch_file(self.root).exists()
+
+    @property
+    def building(self) -> Path:
+        """The marker that says this header is being built (`announce_pch` to the end of its `build_pch`)."""
+        return building_marker(self.root)
+
+
+def pch_file(root: Path) -> Path:
+    return root / "torch" / "extension.h.gch"
+
+
+def building_marker(root: Path) -> Path:
+    return root.with_name(root.name + ".building")
 
 
 def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> list[PchPlan]:
@@ -176,6 +212,50 @@ def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
     return {json.dumps(list(p.variant)): str(p.root) for p in plans if p.ready}
 
 
+def planned_pch(plans: list[PchPlan]) -> dict[str, str]:
+    """{json(extra_cflags): include dir} for every plan, ready or not: what build workers are given (a compile
+    that finds no header there parses torch's own)."""
+    return {json.dumps(list(p.variant)): str(p.root) for p in plans}
+
+
+def announce_pch(plans: list[PchPlan], cache_dir: Path) -> str | None:
+    """Mark the headers not yet built as being built, so compiles that could use them wait (`build_pch` takes
+    the marks away); returns the waiting compiler's path, or None when every header is ready. Called before any
+    build worker starts."""
+    missing = [p for p in plans if not p.ready]
+    if not missing:
+        return None
+    compiler = cache_dir / "pch" / "waiting-compiler.sh"
+    compiler.parent.mkdir(parents=True, exist_ok=True)
+    if not compiler.exists() or compiler.read_text() != _WAITING_COMPILER:
+        staging = compiler.with_name(f".{compiler.name}.{os.getpid()}")
+        staging.write_text(_WAITING_COMPILER)
+        staging.chmod(0o755)
+        os.replace(staging, compiler)
+    for plan in missing:
+        plan.building.touch()
+    return str(compiler)
+
+
+def pch_wait_environment(pch_dir: str, compiler: str | None) -> dict[str, str] | None:
+    """The environment that makes torch compile through the waiting compiler, for a build whose header at
+    `pch_dir` is being built now; None when it is ready or nobody is building it."""
+    root = Path(pch_dir)
+    if compiler is None or pch_file(root).exists() or not building_marker(root).exists():
+        return None
+    return {"CXX": compiler, "DICE_PCH_REAL_CXX": os.environ.get("CXX", "c++"), "DICE_PCH_FILE": str(pch_file(root)),
+            "DICE_PCH_BUILDING": str(building_marker(root)), "DICE_PCH_WAIT_TENTHS": str(PCH_WAIT_S * 10)}
+
+
+def read_pch_wait(build_dir: Path) -> dict | None:
+    """What the waiting compiler wrote in `build_dir`: {"waited_s", "found"}, or None where it did not run."""
+    try:
+        record = json.loads((build_dir / "pch_wait.json").read_text())
+        return {"waited_s": record["waited_tenths"] / 10, "found": bool(record["found"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build_pch(plans: list[PchPlan]) -> dict[str, str]:
     """Build the missing headers (in parallel); returns `ready_pch` after. A header that fails is left out."""
     missing = [p for p in plans if not p.ready]
@@ -189,6 +269,8 @@ def _try_build(plan: PchPlan) -> None:
         _build_pch(plan)
     except (OSError, subprocess.SubprocessError):
         pass
+    finally:  # published or failed: nobody waits any longer
+        plan.building.unlink(missing_ok=True)
 
 
 def _compiler_id(cxx: str) -> str:
@@ -205,12 +287,12 @@ def _build_pch(plan: PchPlan) -> None:
         # GCC looks for the .gch beside where it finds the header; a second `#include <torch/extension.h>` in the
         # same unit (common in cpp_sources) must then find the header itself here too
         (staging / "torch" / "extension.h").symlink_to(plan.header)
-        subprocess.run([*plan.command, "-o", str(staging / "torch" / "extension.h.gch")], check=True,
+        subprocess.run([*plan.command, "-o", str(pch_file(staging))], check=True,
                        capture_output=True, timeout=900)
         (staging / "command.json").write_text(json.dumps(plan.command))
         os.replace(staging, root)
     except OSError:  # another process published the same header first
-        if not (root / "torch" / "extension.h.gch").exists():
+        if not pch_file(root).exists():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

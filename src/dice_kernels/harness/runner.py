@@ -30,7 +30,7 @@ import torch
 from dice_kernels import __version__
 from dice_kernels.harness import gpu_lock, sandbox
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
-from dice_kernels.harness.build_speed import build_pch, plan_pch, ready_pch
+from dice_kernels.harness.build_speed import announce_pch, build_pch, plan_pch, planned_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, TrialJudge, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
@@ -150,7 +150,8 @@ class Evaluator:
     config: EvalConfig
     platform: Platform
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
-    pch: dict[str, str] = field(default_factory=dict)  # build_speed.ready_pch: headers build workers may use
+    pch: dict[str, str] = field(default_factory=dict)  # build_speed.planned_pch: headers build workers may use
+    pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: deque = field(default_factory=deque)  # started run workers waiting for a job (sandbox.Started)
@@ -271,6 +272,7 @@ class Evaluator:
                "timing_plan": cfg.timing_plan(lead_ms), "gpu_lock": self.gpu_lock,
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
+               "pch_compiler": self.pch_compiler if mode == "build" else None,
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
                and role == "reference",
@@ -659,10 +661,12 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     pch_thread = None
     if config.fast_build and any(not ev.is_cached(pairs[i][1].code) for i in todo):
         plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda")
-        ev.pch = ready_pch(plans)
-        if len(ev.pch) < len(plans):  # once per machine and torch: builds that start before the headers are
-            def _build() -> None:     # ready compile without them rather than wait
-                ev.pch = build_pch(plans)
+        ev.pch = planned_pch(plans)
+        ev.pch_compiler = announce_pch(plans, config.cache_dir)
+        if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
+            def _build() -> None:
+                build_pch(plans)
+                ev.pch_compiler = None
 
             pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
             pch_thread.start()

@@ -63,6 +63,7 @@ class Job:
     atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
     rtol: float = 0.0
     pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
+    pch_compiler: str | None = None  # build mode: build_speed.announce_pch's, while some header is being built
     light_headers: bool = False  # build mode: try lighter torch headers for CUDA sources first (build_speed.py)
     compile_baseline: bool = False  # reference role: also time torch.compile(Model) with the same protocol
     # reference role: report the task's speed-of-light inputs (FLOPs, minimum bytes moved) and measure the
@@ -135,18 +136,21 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
                 return monitor.wrap_extension(module, name) if monitor else module
             root = Path(job.build_dir) if job.mode == "build" else Path(job.workdir) / "late_builds"
             bound.arguments["verbose"] = False
-            attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
+            attempts, compiler_env = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
             start = time.monotonic()
             try:
                 for n, (headers, arguments, directory) in enumerate(attempts, 1):
                     directory.mkdir(parents=True, exist_ok=True)
                     log.shortcuts[-1]["headers"].append(headers)
                     try:
-                        module = original(**{**arguments, "build_directory": str(directory)})
+                        with _environment(compiler_env):
+                            module = original(**{**arguments, "build_directory": str(directory)})
                         break
                     except Exception:  # noqa: BLE001 - a lighter attempt failed: the next one decides
                         if n == len(attempts):
                             raise
+                    finally:
+                        _note_pch_wait(log.shortcuts[-1], directory)
             except BaseException as e:  # noqa: BLE001 - recorded, then re-raised to the candidate
                 log.failures.append(_excerpt(str(e)))
                 raise
@@ -164,24 +168,28 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
 
 
 def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
-                    key: str) -> list[tuple[str, dict, Path]]:
-    """The (headers, load_inline arguments, build directory) attempts in order; the last is the candidate's own
-    sources. `headers` names the CUDA unit's torch headers (build_speed.py): "lean" (light sources, ATen's
-    umbrellas cut to the operators they name), "light" (without <torch/extension.h>; only where the lean
-    umbrellas cannot be written) or "own". One lighter attempt, not two: a candidate with a real compile error
-    pays for every attempt, and on the H200 the lean headers compiled all 16 DICE kernels measured (benchmarks.md)."""
+                    key: str) -> tuple[list[tuple[str, dict, Path]], dict[str, str] | None]:
+    """The (headers, load_inline arguments, build directory) attempts in order, the last the candidate's own
+    sources, and the environment they compile in (None: as it is). `headers` names the CUDA unit's torch headers
+    (build_speed.py): "lean" (light sources, ATen's umbrellas cut to the operators they name), "light" (without
+    <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". One lighter attempt, not
+    two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers compiled
+    all 16 DICE kernels measured (benchmarks.md)."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
-        return [("own", arguments, out)]
-    from dice_kernels.harness.build_speed import lean_cuda_arguments, light_cuda_sources, normalize_cflags
+        return [("own", arguments, out)], None
+    from dice_kernels.harness.build_speed import (lean_cuda_arguments, light_cuda_sources, normalize_cflags, pch_file,
+                                                  pch_wait_environment)
 
     own = dict(arguments)
     pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
+    compiler_env = None
     if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
         own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
-    log.shortcuts[-1]["pch"] = bool(pch_dir)
+        log.shortcuts[-1]["pch"] = pch_file(Path(pch_dir)).exists()
+        compiler_env = pch_wait_environment(pch_dir, job.pch_compiler)
     if not job.light_headers:
-        return [("own", own, out)]
+        return [("own", own, out)], compiler_env
     lean = lean_cuda_arguments(own, out.with_name(out.name + "_lean_include"))
     light = light_cuda_sources(own.get("cuda_sources"))
     if lean is not None:
@@ -189,8 +197,36 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
     elif light is not None:
         first = ("light", {**own, "cuda_sources": light})
     else:
-        return [("own", own, out)]
-    return [(*first, out), ("own", own, out.with_name(out.name + "_own"))]
+        return [("own", own, out)], compiler_env
+    return [(*first, out), ("own", own, out.with_name(out.name + "_own"))], compiler_env
+
+
+class _environment:
+    """Environment variables set for the duration of a `with` block (nothing when None)."""
+
+    def __init__(self, env: dict[str, str] | None) -> None:
+        self.env, self.saved = env or {}, {}
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _note_pch_wait(shortcut: dict, directory: Path) -> None:
+    """Add what the waiting compiler did in `directory` (if it ran) to the build's record."""
+    from dice_kernels.harness.build_speed import read_pch_wait
+
+    wait = read_pch_wait(directory)
+    if wait is not None:
+        shortcut["pch"] = wait["found"]
+        shortcut["pch_wait_s"] = round(shortcut.get("pch_wait_s", 0.0) + wait["waited_s"], 1)
 
 
 def _excerpt(text: str) -> str:
