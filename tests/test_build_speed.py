@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -204,33 +203,3 @@ def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):
     real = subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True, timeout=30)
     assert version.returncode == 0 and version.stdout == real.stdout
     assert read_pch_wait(tmp_path) is None
-
-
-def test_builds_double_up_only_while_the_header_is_being_built():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from dice_kernels.harness.runner import _BuildSlots
-
-    pending = [True]
-    slots = _BuildSlots(1, lambda: pending[0])
-    started = [threading.Event() for _ in range(3)]
-    finish = [threading.Event() for _ in range(3)]
-
-    def build(i: int) -> int:
-        started[i].set()
-        assert finish[i].wait(30)
-        return i
-
-    with ThreadPoolExecutor(slots.most) as pool:
-        futures = [pool.submit(slots.run, build, i) for i in range(3)]
-        assert started[0].wait(10) and started[1].wait(10)  # two at once while the header is being built
-        assert not started[2].wait(0.5)
-        pending[0] = False  # the header is published: back to one at a time
-        finish[0].set()
-        assert futures[0].result(10) == 0
-        assert not started[2].wait(0.5)  # build 1 still runs
-        finish[1].set()
-        assert started[2].wait(10)
-        finish[2].set()
-        assert [f.result(10) for f in futures] == [0, 1, 2]
-    assert slots.running == 0

@@ -604,32 +604,6 @@ class _References:
         self._ledger.wait_for_release(timeout_s)
 
 
-class _BuildSlots:
-    """At most `jobs` builds at once, twice as many while the precompiled header is being built. A build then
-    compiles its CUDA unit alone (its main.cpp waits for the header, build_speed.announce_pch), so twice the
-    builds keep as many compilers running as a build of two units each would."""
-
-    def __init__(self, jobs: int, header_pending: Callable[[], bool]) -> None:
-        self.jobs, self.header_pending = max(1, jobs), header_pending
-        self.running = 0
-        self._changed = threading.Condition()
-
-    @property
-    def most(self) -> int:
-        return 2 * self.jobs
-
-    def run(self, fn: Callable, *args):
-        with self._changed:  # the limit only falls when the header is done: releases are all that wake a waiter
-            self._changed.wait_for(lambda: self.running < (self.most if self.header_pending() else self.jobs))
-            self.running += 1
-        try:
-            return fn(*args)
-        finally:
-            with self._changed:
-                self.running -= 1
-                self._changed.notify()
-
-
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
              resume: bool = False, progress: bool = True,
              on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
@@ -728,15 +702,14 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                                     "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {}}}))
         return None
 
-    slots = _BuildSlots(config.jobs, lambda: ev.pch_compiler is not None)
     try:
-        with ThreadPoolExecutor(slots.most, thread_name_prefix="build") as build_pool, \
+        with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
                 ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
             builds: dict[str, Future] = {}
             for i in todo:  # submitted in task order, so builds run ahead of the runs that need them
                 sha = pairs[i][1].sha256
                 if sha not in builds:
-                    builds[sha] = build_pool.submit(slots.run, ev.build, pairs[i][1].code)
+                    builds[sha] = build_pool.submit(ev.build, pairs[i][1].code)
             pending = {run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo}
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
