@@ -203,3 +203,11 @@ def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):
     real = subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True, timeout=30)
     assert version.returncode == 0 and version.stdout == real.stdout
     assert read_pch_wait(tmp_path) is None
+
+
+def test_no_waiting_compiler_where_torch_could_not_run_it(tmp_path):
+    spaced = tmp_path / "a cache"
+    plan = PchPlan(variant=(), root=spaced / "pch" / "key", command=["false"], header=tmp_path / "extension.h")
+    compiler = announce_pch([plan], spaced)
+    assert plan.building.exists()
+    assert pch_wait_environment(str(plan.root), compiler) is None  # its path has a space: compile without waiting

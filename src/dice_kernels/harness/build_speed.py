@@ -243,6 +243,8 @@ def pch_wait_environment(pch_dir: str, compiler: str | None) -> dict[str, str] |
     root = Path(pch_dir)
     if compiler is None or pch_file(root).exists() or not building_marker(root).exists():
         return None
+    if any(c.isspace() for c in compiler):  # torch writes CXX into a shell command line unquoted
+        return None
     return {"CXX": compiler, "DICE_PCH_REAL_CXX": os.environ.get("CXX", "c++"), "DICE_PCH_FILE": str(pch_file(root)),
             "DICE_PCH_BUILDING": str(building_marker(root)), "DICE_PCH_WAIT_TENTHS": str(PCH_WAIT_S * 10)}
 
