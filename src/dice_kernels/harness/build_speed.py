@@ -36,7 +36,7 @@ from pathlib import Path
 
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
 PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
-# the longest a compile waits for a header being built (it takes ~31 s on the H200 machine's host); after that
+# the longest a compile waits for a header being built (25-31 s of one core on the H200 machine); after that
 # it goes on without
 PCH_WAIT_S = 120
 
