@@ -100,3 +100,33 @@ def test_cuda_batch_is_deterministic_and_parses(shared_data):
 def test_kernelbench_results_map_to_our_outcomes(res, stage, outcome):
     assert kbs.our_outcome(res, stage, timed_out=False) == outcome
     assert kbs.our_outcome(res, stage, timed_out=True) == "timeout"
+
+
+def _run(wall: float, outcomes: dict[str, str]) -> dict:
+    return {"wall_s": wall, "rate_per_min": 60.0 * len(outcomes) / wall,
+            "rows": [{"id": i, "outcome": o} for i, o in outcomes.items()]}
+
+
+def test_repeated_cold_runs_report_the_median_and_flag_outcomes_that_change():
+    runs = [_run(58.2, {"a": "correct"}), _run(73.3, {"a": "correct"}), _run(63.8, {"a": "timeout"})]
+    assert et.median_run(runs)["wall_s"] == 63.8
+    assert et.median_run(runs[:2])["wall_s"] == 73.3  # of two, the slower: the ratio is not flattered
+    ours = {"cold_subset": et.median_run(runs), "cold_full": _run(90.0, {"a": "timeout"}),
+            "cold_subset_runs": [et.run_summary(r) for r in runs]}
+    doc = {"ours": ours, "batch": {"candidates": [{"id": "a", "kind": "correct"}]},
+           "kb": {"results": [{"key": "a", "outcome": "timeout", "kb": None, "retry_error": ""}]}}
+    cmp = et.compare(doc)
+    assert cmp["identical"] == 1 and cmp["ours_runs_disagree"] == ["a"]  # two of the three runs said correct
+    doc["ours"]["cold_subset_runs"] = [et.run_summary(runs[2])]
+    assert et.compare(doc)["ours_runs_disagree"] == []
+
+
+def test_the_phase_table_reads_runs_beside_the_list_of_repeats(capsys):
+    from rich.console import Console
+
+    run = {**_run(58.2, {"a": "correct"}), "phases_s": {"build": 690.0, "run": 33.0}}
+    doc = {"ours": {"cold_subset": run, "cold_subset_runs": [et.run_summary(run)], "cold_full": run}}
+    et._print_phases(Console(width=140), doc)
+    printed = capsys.readouterr().out
+    assert "ours cold_subset (wall 58 s)" in printed and "build 690.0" in printed
+    assert "cold_subset_runs" not in printed
