@@ -207,15 +207,15 @@ def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> list[Pc
     return plans
 
 
-def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
-    """{json(extra_cflags): include dir} for the plans whose header is built: what build workers are given."""
-    return {json.dumps(list(p.variant)): str(p.root) for p in plans if p.ready}
-
-
 def planned_pch(plans: list[PchPlan]) -> dict[str, str]:
     """{json(extra_cflags): include dir} for every plan, ready or not: what build workers are given (a compile
     that finds no header there parses torch's own)."""
     return {json.dumps(list(p.variant)): str(p.root) for p in plans}
+
+
+def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
+    """`planned_pch` of the plans whose header is built."""
+    return planned_pch([p for p in plans if p.ready])
 
 
 def announce_pch(plans: list[PchPlan], cache_dir: Path) -> str | None:

@@ -24,7 +24,7 @@ import sys
 import time
 import traceback
 import types
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -201,18 +201,15 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
     return [(*first, out), ("own", own, out.with_name(out.name + "_own"))], compiler_env
 
 
-class _environment:
+@contextmanager
+def _environment(env: dict[str, str] | None):
     """Environment variables set for the duration of a `with` block (nothing when None)."""
-
-    def __init__(self, env: dict[str, str] | None) -> None:
-        self.env, self.saved = env or {}, {}
-
-    def __enter__(self) -> None:
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc) -> None:
-        for k, v in self.saved.items():
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
