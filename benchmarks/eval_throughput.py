@@ -273,6 +273,63 @@ def _row(r: EvalResult) -> dict:
             "build_cache_hit": r.extra.get("build_cache_hit"), "build_shortcuts": r.extra.get("build_shortcuts")}
 
 
+class CpuTrace:
+    """The machine's CPU use while a run goes, sampled from /proc every `interval_s` in a thread: the busy share of
+    all cores (nice time counts: the compilers run niced) and how many compiler processes of each kind run. Empty
+    where there is no /proc/stat."""
+
+    COMPILERS = ("cc1plus", "cudafe++", "cicc", "ptxas", "ld")
+
+    def __init__(self, interval_s: float = 0.5):
+        import threading
+
+        self.interval_s = interval_s
+        self.busy: list[float] = []
+        self.running: dict[str, list[int]] = {name: [] for name in self.COMPILERS}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="cpu-trace", daemon=True)
+
+    @staticmethod
+    def _jiffies() -> tuple[int, int] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    def _count(self) -> Counter:
+        names = Counter()
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    names[Path(f"/proc/{pid}/comm").read_text().strip()] += 1
+                except OSError:  # ended meanwhile
+                    pass
+        return names
+
+    def _sample(self) -> None:
+        last = self._jiffies()
+        while last is not None and not self._stop.wait(self.interval_s):
+            now = self._jiffies()
+            total, idle = now[0] - last[0], now[1] - last[1]
+            self.busy.append(round(1 - idle / total, 3) if total else 0.0)
+            names = self._count()
+            for name in self.COMPILERS:
+                self.running[name].append(names[name])
+            last = now
+
+    def __enter__(self) -> "CpuTrace":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def to_dict(self) -> dict:
+        return {"interval_s": self.interval_s, "busy": self.busy, "running": self.running}
+
+
 def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label: str) -> dict:
     cold = not cache_dir.exists() or not any(cache_dir.iterdir())
     cfg = EvalConfig(backend=backend, jobs=jobs, cache_dir=cache_dir)
@@ -284,13 +341,14 @@ def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label:
 
     start = time.monotonic()
     # on a cold cache the precompiled headers build in the background, inside this wall time
-    results = evaluate([(it.task, it.cand) for it in items], cfg, progress=False, on_result=show)
+    with CpuTrace() as trace:
+        results = evaluate([(it.task, it.cand) for it in items], cfg, progress=False, on_result=show)
     wall = time.monotonic() - start
     rows = [_row(r) for r in results]
     phases = seconds_by_phase(results)  # duplicates carry no seconds: the work was done once
     return {"label": label, "n": len(items), "cold": cold, "wall_s": round(wall, 2),
             "rate_per_min": 60.0 * len(items) / wall, "outcomes": dict(Counter(r["outcome"] for r in rows)),
-            "phases_s": phases, "rows": rows}
+            "phases_s": phases, "rows": rows, "cpu": trace.to_dict()}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -425,6 +483,7 @@ def print_report(doc: dict) -> None:
     if doc.get("ratio_warm_vs_kb") is not None:
         console.print(f"ratio ours-warm (full batch) / KB-style: {doc['ratio_warm_vs_kb']:.2f}x")
     _print_phases(console, doc)
+    _print_cpu(console, doc)
     if doc.get("comparison"):
         _print_comparison(console, doc["comparison"])
 
@@ -445,6 +504,24 @@ def _print_phases(console, doc: dict) -> None:
                   f"eval wall {kb['eval_s']:.0f}; built again in eval: {kb['built_in_eval']}\n"
                   + _fmt_phases(kb["phases_s"]))
     console.print(t)
+
+
+def _print_cpu(console, doc: dict, bucket_s: float = 5.0) -> None:
+    """Per run of ours, every `bucket_s`: the share of all cores busy and the compilers running (mean counts)."""
+    for key, run in (doc.get("ours") or {}).items():
+        cpu = run.get("cpu") if isinstance(run, dict) else None
+        if not cpu or not cpu["busy"]:
+            continue
+        n = max(1, round(bucket_s / cpu["interval_s"]))
+
+        def means(values: list[float]) -> list[float]:
+            return [sum(values[i:i + n]) / len(values[i:i + n]) for i in range(0, len(values), n)]
+
+        console.print(f"ours {key}, every {bucket_s:.0f} s: CPU busy % "
+                      + " ".join(f"{100 * b:.0f}" for b in means(cpu["busy"])))
+        compiling = [sum(counts) for counts in zip(*cpu["running"].values())]
+        console.print("    compilers running " + " ".join(f"{c:.0f}" for c in means(compiling))
+                      + f"  ({', '.join(cpu['running'])})")
 
 
 def _fmt_phases(phases: dict[str, float]) -> str:

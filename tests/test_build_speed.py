@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
 from dice_kernels.harness.build_speed import (PchPlan, announce_pch, build_pch, lean_aten_headers, light_cuda_sources,
-                                              normalize_cflags, pch_file, pch_wait_environment, plan_pch, read_pch_wait)
+                                              normalize_cflags, pch_file, pch_variants, pch_wait_environment, plan_pch,
+                                              read_pch_wait, reporting_nvcc)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -36,6 +38,15 @@ def test_cflags_normalise_like_torch():
     assert normalize_cflags([""]) == ()  # the leaderboard's common extra_cflags=[""]
     assert normalize_cflags(["-O3 ", ""]) == ("-O3",)
     assert normalize_cflags("-O3") == ("-O3",)
+
+
+def test_headers_are_planned_for_the_flags_a_batch_names():
+    o3 = 'load_inline(name="x", cpp_sources=s, extra_cflags=["-O3"])'
+    assert pch_variants(["load_inline(name='x', cpp_sources=s)", o3]) == ((), ("-O3",))
+    assert pch_variants(['load_inline(name="x", cuda_sources=s, extra_cuda_cflags=["-O3"])']) == ((),)
+    assert pch_variants(['flags = ["-O3"]\nload_inline(name="x", cpp_sources=s, extra_cflags=flags)']) == (
+        (), ("-O3",))  # flags named elsewhere in the code count too
+    assert pch_variants([]) == ((),)
 
 
 def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, example_pairs):
@@ -66,9 +77,9 @@ def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(tmp
     (shortcut,) = result.extra["build_shortcuts"]
     assert shortcut["pch"] is True and shortcut["pch_wait_s"] > 0  # main.cpp waited for the header, then had it
     assert not list((tmp_path / "pch").glob("*.building"))
-    headers = list((tmp_path / "pch").glob("*/torch/extension.h.gch"))
-    assert len(headers) == 2  # extra_cflags [] and ["-O3"]
-    assert all((h.parent / "extension.h").resolve().name == "extension.h" for h in headers)
+    (header,) = (tmp_path / "pch").glob("*/torch/extension.h.gch")  # for extra_cflags [] only: no code names others
+    assert (header.parent / "extension.h").resolve().name == "extension.h"
+    assert "-O3" not in json.loads((header.parent.parent / "command.json").read_text())
 
 
 UMBRELLA = """#pragma once
@@ -165,10 +176,10 @@ def _announced(tmp_path: Path) -> tuple[PchPlan, str]:
     return plan, compiler
 
 
-def _compile_through(compiler: str, plan: PchPlan, build: Path) -> subprocess.Popen:
+def _compile_through(compiler: str, plan: PchPlan, build: Path, nvcc: str | None = None) -> subprocess.Popen:
     build.mkdir()
     (build / "unit.cpp").write_text("int unit() { return 1; }\n")
-    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler)}
+    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, nvcc)}
     return subprocess.Popen([compiler, "-c", "unit.cpp", "-o", "unit.o"], cwd=build, env=env)
 
 
@@ -211,3 +222,34 @@ def test_no_waiting_compiler_where_torch_could_not_run_it(tmp_path):
     compiler = announce_pch([plan], spaced)
     assert plan.building.exists()
     assert pch_wait_environment(str(plan.root), compiler) is None  # its path has a space: compile without waiting
+
+
+def test_a_failed_cuda_unit_ends_the_wait_and_skips_the_compile(tmp_path):
+    # the "CUDA unit" is a C++ file with an error, compiled by the real c++ standing in for nvcc: what matters is
+    # that a failing compiler behind the reporting nvcc releases the waiting compile of the same build
+    plan, compiler = _announced(tmp_path)
+    build = tmp_path / "build"
+    waiting = _compile_through(compiler, plan, build, nvcc="c++")
+    (build / "cuda.cu").write_text("int unit2() { return tile_k; }\n")
+    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++")}
+    time.sleep(0.5)
+    assert waiting.poll() is None  # still waiting for the header
+    cuda = subprocess.run([env["PYTORCH_NVCC"], "-x", "c++", "-c", "cuda.cu", "-o", "cuda.o"], cwd=build, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert cuda.returncode != 0 and "tile_k" in cuda.stderr  # the real compiler's status and message
+    assert waiting.wait(timeout=30) != 0  # the header is still being built, but the build has failed
+    assert not (build / "unit.o").exists()
+    wait = read_pch_wait(build)
+    assert wait["skipped"] is True and wait["found"] is False and wait["waited_s"] < 30
+    assert plan.building.exists()
+
+
+def test_the_reporting_nvcc_marks_only_failures(tmp_path):
+    plan, compiler = _announced(tmp_path)
+    env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++")}
+    assert env["PYTORCH_NVCC"] == str(reporting_nvcc(compiler))
+    (tmp_path / "ok.cpp").write_text("int ok() { return 0; }\n")
+    ok = subprocess.run([env["PYTORCH_NVCC"], "-c", "ok.cpp", "-o", "ok.o"], cwd=tmp_path, env=env, timeout=60)
+    assert ok.returncode == 0 and (tmp_path / "ok.o").exists()
+    assert not (tmp_path / "cuda_unit_failed").exists()
+    assert "PYTORCH_NVCC" not in pch_wait_environment(str(plan.root), compiler)  # no nvcc known: torch's own

@@ -80,3 +80,16 @@ def test_inputs_are_generated_on_the_gpu_and_on_the_cpu_where_get_inputs_needs_i
     task.get_inputs = task.cpu_only  # .numpy() fails on a CUDA tensor: generated on the CPU, then moved
     [y] = _generated_inputs(task, job, seed=7)
     assert y.is_cuda and torch.equal(y, _generated_inputs(task, job, seed=7)[0])
+
+
+def test_a_cuda_compile_error_on_a_cold_cache_skips_main_cpp(tmp_path, example_pairs):
+    """On a cold cache the broken kernel's CUDA unit fails while the precompiled header is still being built: its
+    main.cpp, waiting for the header, is then not compiled at all. Outcome and message stay the compiler's."""
+    (task, broken), = [p for p in example_pairs("cuda") if p[1].id == "19_ReLU/broken"]
+    config = EvalConfig(backend="cuda", jobs=1, trials=1, timing=False, cache_dir=tmp_path / "cache")
+    (r,) = evaluate([(task, broken)], config, progress=False)
+    assert r.outcome is Outcome.COMPILE_ERROR and "expected a \";\"" in r.error
+    assert "skipped" not in r.error  # the excerpt holds the compiler's error lines, not the waiting compiler's
+    (shortcut,) = r.extra["build_shortcuts"]
+    assert shortcut["headers"] == ["lean", "own"]
+    assert shortcut.get("main_skipped", 0) >= 1  # the lean attempt's at least: it fails seconds into its parse

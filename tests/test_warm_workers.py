@@ -1,5 +1,5 @@
 """Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close;
-build workers are started per build, at a lower CPU priority."""
+build workers come from their own pool, at a lower CPU priority."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
     ev = Evaluator(EvalConfig(backend="cpu", warm_workers=2, cache_dir=tmp_path), Platform.detect("cpu"))
     try:
         ev.warm_up()
-        waiting = list(ev._ready)
+        waiting = list(ev._ready["run"])
         assert len(waiting) == 2 and all(w.proc.poll() is None for w in waiting)
         first, second = ev._take_worker(), ev._take_worker()
         assert [first, second] == waiting  # the ones started ahead, oldest first
         assert first.proc.pid != second.proc.pid and first.workdir != second.workdir
-        refills = list(ev._ready)
+        refills = list(ev._ready["run"])
         assert len(refills) == 2 and not {id(w) for w in refills} & {id(first), id(second)}
         for taken in (first, second):  # a taken worker belongs to its job (supervise); here nobody runs it
             sandbox.discard(taken)
@@ -30,25 +30,32 @@ def test_no_workers_are_started_ahead_when_disabled(tmp_path):
     ev = Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path), Platform.detect("cpu"))
     try:
         ev.warm_up()
-        assert not ev._ready
+        assert not ev._ready["run"]
         worker = ev._take_worker()
-        assert worker.proc.poll() is None and not ev._ready
+        assert worker.proc.poll() is None and not ev._ready["run"]
     finally:
         ev.close()
 
 
-def test_build_workers_start_fresh_at_a_lower_priority(tmp_path):
+def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     import os
 
-    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=1, build_nice=7, cache_dir=tmp_path), Platform.detect("cpu"))
+    config = EvalConfig(backend="cpu", warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
+    ev = Evaluator(config, Platform.detect("cpu"))
     try:
         ev.warm_up()
-        waiting = list(ev._ready)
+        assert not ev._ready["build"]  # nothing to build: no build worker is started ahead
+        ev.warm_up(builds=True)
+        waiting, (ahead,) = list(ev._ready["run"]), list(ev._ready["build"])
         build = ev._take_worker("build")
-        assert build not in waiting and list(ev._ready) == waiting  # the run pool is left for runs
+        assert build is ahead and list(ev._ready["run"]) == waiting  # the run pool is left for runs
+        (refill,) = ev._ready["build"]
+        assert refill is not build and refill.proc.poll() is None
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, build.proc.pid) == min(19, mine + 7)
+        assert os.getpriority(os.PRIO_PROCESS, refill.proc.pid) == min(19, mine + 7)
         assert os.getpriority(os.PRIO_PROCESS, waiting[0].proc.pid) == mine
         sandbox.discard(build)
     finally:
         ev.close()
+    assert refill.proc.poll() is not None

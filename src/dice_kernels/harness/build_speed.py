@@ -41,22 +41,38 @@ PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
 PCH_WAIT_S = 120
 
 # The compiler a build worker gives torch (as CXX) while a header it could use is being built: a compile (`-c`)
-# waits until the header is published, its build is over, or PCH_WAIT_S have passed, writes what it waited to
-# pch_wait.json in the build directory (ninja's working directory), then runs the real compiler unchanged.
-# Links and torch's version checks pass straight through.
+# waits until the header is published, its build is over, its CUDA unit has failed or PCH_WAIT_S have passed,
+# and writes what it waited to pch_wait.json in the build directory (ninja's working directory). It then runs
+# the real compiler unchanged, unless the CUDA unit failed: the build fails either way, and ninja would wait for
+# this compile before reporting it. Links and torch's version checks pass straight through.
 _WAITING_COMPILER = """#!/bin/sh
 case " $* " in
 *" -c "*)
     tenths=0
-    while [ ! -e "$DICE_PCH_FILE" ] && [ -e "$DICE_PCH_BUILDING" ] && [ "$tenths" -lt "$DICE_PCH_WAIT_TENTHS" ]; do
+    while [ ! -e "$DICE_PCH_FILE" ] && [ -e "$DICE_PCH_BUILDING" ] && [ ! -e cuda_unit_failed ] \\
+            && [ "$tenths" -lt "$DICE_PCH_WAIT_TENTHS" ]; do
         sleep 0.1
         tenths=$((tenths + 1))
     done
-    found=false
+    found=false skipped=false
     [ -e "$DICE_PCH_FILE" ] && found=true
-    printf '{"waited_tenths": %d, "found": %s}\n' "$tenths" "$found" > pch_wait.json ;;
+    [ -e cuda_unit_failed ] && skipped=true
+    printf '{"waited_tenths": %d, "found": %s, "skipped": %s}\\n' "$tenths" "$found" "$skipped" > pch_wait.json
+    if [ "$skipped" = true ]; then
+        echo "dice-kernels: this compile was skipped: the build's CUDA unit failed to compile first" >&2
+        exit 1
+    fi ;;
 esac
 exec $DICE_PCH_REAL_CXX "$@"
+"""
+
+# The nvcc a build worker gives torch (as PYTORCH_NVCC) beside the waiting compiler: the real one, and where it
+# fails, the mark in the build directory that the waiting compiler looks for
+_REPORTING_NVCC = """#!/bin/sh
+$DICE_REAL_NVCC "$@"
+status=$?
+[ "$status" -eq 0 ] || : > cuda_unit_failed
+exit "$status"
 """
 
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
@@ -188,6 +204,14 @@ def building_marker(root: Path) -> Path:
     return root.with_name(root.name + ".building")
 
 
+def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
+    """The `variants` a batch's code may compile with: `[]` (load_inline's default) always, another only where some
+    code names `extra_cflags` and each of its flags. A guess read from the text: a header no build uses costs a
+    core for half a minute, and one that is missing costs only the time it would have saved."""
+    texts = [c for c in codes if "extra_cflags" in c]
+    return tuple(v for v in variants if not v or any(all(f in t for f in v) for t in texts))
+
+
 def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> list[PchPlan]:
     """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out)."""
     import torch
@@ -226,34 +250,46 @@ def announce_pch(plans: list[PchPlan], cache_dir: Path) -> str | None:
     if not missing:
         return None
     compiler = cache_dir / "pch" / "waiting-compiler.sh"
-    compiler.parent.mkdir(parents=True, exist_ok=True)
-    if not compiler.exists() or compiler.read_text() != _WAITING_COMPILER:
-        staging = compiler.with_name(f".{compiler.name}.{os.getpid()}")
-        staging.write_text(_WAITING_COMPILER)
-        staging.chmod(0o755)
-        os.replace(staging, compiler)
+    for script, text in ((compiler, _WAITING_COMPILER), (reporting_nvcc(str(compiler)), _REPORTING_NVCC)):
+        script.parent.mkdir(parents=True, exist_ok=True)
+        if not script.exists() or script.read_text() != text:
+            staging = script.with_name(f".{script.name}.{os.getpid()}")
+            staging.write_text(text)
+            staging.chmod(0o755)
+            os.replace(staging, script)
     for plan in missing:
         plan.building.touch()
     return str(compiler)
 
 
-def pch_wait_environment(pch_dir: str, compiler: str | None) -> dict[str, str] | None:
+def reporting_nvcc(compiler: str) -> Path:
+    """The nvcc wrapper `announce_pch` writes beside the waiting `compiler`."""
+    return Path(compiler).with_name("reporting-nvcc.sh")
+
+
+def pch_wait_environment(pch_dir: str, compiler: str | None, nvcc: str | None = None) -> dict[str, str] | None:
     """The environment that makes torch compile through the waiting compiler, for a build whose header at
-    `pch_dir` is being built now; None when it is ready or nobody is building it."""
+    `pch_dir` is being built now; None when it is ready or nobody is building it. With `nvcc` (the command torch
+    would run), the CUDA unit compiles through the reporting nvcc, so a failure there ends the wait."""
     root = Path(pch_dir)
     if compiler is None or pch_file(root).exists() or not building_marker(root).exists():
         return None
-    if any(c.isspace() for c in compiler):  # torch writes CXX into a shell command line unquoted
+    if any(c.isspace() for c in compiler):  # torch writes CXX and PYTORCH_NVCC into shell commands unquoted
         return None
-    return {"CXX": compiler, "DICE_PCH_REAL_CXX": os.environ.get("CXX", "c++"), "DICE_PCH_FILE": str(pch_file(root)),
-            "DICE_PCH_BUILDING": str(building_marker(root)), "DICE_PCH_WAIT_TENTHS": str(PCH_WAIT_S * 10)}
+    env = {"CXX": compiler, "DICE_PCH_REAL_CXX": os.environ.get("CXX", "c++"), "DICE_PCH_FILE": str(pch_file(root)),
+           "DICE_PCH_BUILDING": str(building_marker(root)), "DICE_PCH_WAIT_TENTHS": str(PCH_WAIT_S * 10)}
+    if nvcc:
+        env.update(PYTORCH_NVCC=str(reporting_nvcc(compiler)), DICE_REAL_NVCC=nvcc)
+    return env
 
 
 def read_pch_wait(build_dir: Path) -> dict | None:
-    """What the waiting compiler wrote in `build_dir`: {"waited_s", "found"}, or None where it did not run."""
+    """What the waiting compiler wrote in `build_dir`: {"waited_s", "found", "skipped"}, or None where it did not
+    run. `skipped`: the compile did not run, because the CUDA unit had failed."""
     try:
         record = json.loads((build_dir / "pch_wait.json").read_text())
-        return {"waited_s": record["waited_tenths"] / 10, "found": bool(record["found"])}
+        return {"waited_s": record["waited_tenths"] / 10, "found": bool(record["found"]),
+                "skipped": bool(record["skipped"])}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

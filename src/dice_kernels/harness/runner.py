@@ -30,7 +30,7 @@ import torch
 from dice_kernels import __version__
 from dice_kernels.harness import gpu_lock, sandbox
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
-from dice_kernels.harness.build_speed import announce_pch, build_pch, plan_pch, planned_pch
+from dice_kernels.harness.build_speed import announce_pch, build_pch, pch_variants, plan_pch, planned_pch
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, TrialJudge, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
@@ -154,7 +154,8 @@ class Evaluator:
     pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: deque = field(default_factory=deque)  # started run workers waiting for a job (sandbox.Started)
+    # started workers waiting for a job (sandbox.Started), per mode: "run", and "build" (at build_nice)
+    _ready: dict[str, deque] = field(default_factory=lambda: {"run": deque(), "build": deque()})
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -201,11 +202,18 @@ class Evaluator:
                                        for key, per_dtype in everything.items()}, indent=1))
             os.replace(tmp, path)
 
-    def warm_up(self) -> None:
-        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers)."""
+    def warm_up(self, builds: bool = False) -> None:
+        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and with
+        `builds`, of build workers (EvalConfig.warm_build_workers)."""
+        wanted = {"run": self.config.resolved_warm_workers(self.platform.backend),
+                  "build": self.config.warm_build_workers if builds else 0}
         with self._ready_lock:
-            while len(self._ready) < self.config.resolved_warm_workers(self.platform.backend):
-                self._ready.append(self._start_worker())
+            for mode, n in wanted.items():
+                while len(self._ready[mode]) < n:
+                    self._ready[mode].append(self._start_worker(self._nice(mode)))
+
+    def _nice(self, mode: str) -> int:
+        return self.config.build_nice if mode == "build" else 0
 
     # --- workers ------------------------------------------------------------------------------------------
 
@@ -232,21 +240,20 @@ class Evaluator:
                              nice=nice)
 
     def _take_worker(self, mode: str = "run") -> sandbox.Started:
-        """A fresh worker for one job, never one that already ran a job. A build worker is started now, at
-        `build_nice` (the compilers it spawns inherit it), so compiles on every core never starve the run
-        workers' trials and timing. A run worker is one started earlier (its imports done or under way) when
-        there is one, and a replacement is started at once."""
-        if mode == "build":
-            return self._start_worker(nice=self.config.build_nice)
+        """A fresh worker for one job, never one that already ran a job: one started earlier (its imports done or
+        under way) when there is one, and a replacement is started at once. Build workers run at `build_nice`
+        (the compilers they spawn inherit it), so compiles on every core never starve the run workers' trials
+        and timing."""
         with self._ready_lock:
-            worker = self._ready.popleft() if self._ready else None
+            ready = self._ready[mode]
+            worker = ready.popleft() if ready else None
             if worker is not None:
-                self._ready.append(self._start_worker())
+                ready.append(self._start_worker(self._nice(mode)))
         if worker is not None and worker.proc.poll() is not None:  # died while waiting (e.g. out of memory)
             sandbox.discard(worker)
             _cleanup(worker.workdir)
             worker = None
-        return worker or self._start_worker()
+        return worker or self._start_worker(self._nice(mode))
 
     def _run_worker(self, *, mode: str, role: str, task: Task, code: str | None, build_dir: Path | None,
                     writable_build: bool, timeout_s: float, lead_ms: float | None = None,
@@ -440,8 +447,9 @@ class Evaluator:
 
     def close(self) -> None:
         with self._ready_lock:
-            while self._ready:
-                sandbox.discard(self._ready.popleft())
+            for ready in self._ready.values():
+                while ready:
+                    sandbox.discard(ready.popleft())
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -656,11 +664,12 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
     run_workers = config.resolved_run_workers(backend)
     refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
+    uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
     if todo:
-        ev.warm_up()
+        ev.warm_up(builds=bool(uncached))
     pch_thread = None
-    if config.fast_build and any(not ev.is_cached(pairs[i][1].code) for i in todo):
-        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda")
+    if config.fast_build and uncached:
+        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached))
         ev.pch = planned_pch(plans)
         ev.pch_compiler = announce_pch(plans, config.cache_dir)
         if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only

@@ -187,7 +187,7 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
     if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
         own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
         log.shortcuts[-1]["pch"] = pch_file(Path(pch_dir)).exists()
-        compiler_env = pch_wait_environment(pch_dir, job.pch_compiler)
+        compiler_env = pch_wait_environment(pch_dir, job.pch_compiler, _torch_nvcc())
     if not job.light_headers:
         return [("own", own, out)], compiler_env
     lean = lean_cuda_arguments(own, out.with_name(out.name + "_lean_include"))
@@ -199,6 +199,15 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
     else:
         return [("own", own, out)], compiler_env
     return [(*first, out), ("own", own, out.with_name(out.name + "_own"))], compiler_env
+
+
+def _torch_nvcc() -> str | None:
+    """The nvcc command torch's ninja file runs: PYTORCH_NVCC, else CUDA_HOME's; None without CUDA."""
+    import torch.utils.cpp_extension as cpp
+
+    if os.environ.get("PYTORCH_NVCC"):
+        return os.environ["PYTORCH_NVCC"]
+    return str(Path(cpp.CUDA_HOME) / "bin" / "nvcc") if cpp.CUDA_HOME else None
 
 
 @contextmanager
@@ -224,6 +233,8 @@ def _note_pch_wait(shortcut: dict, directory: Path) -> None:
     if wait is not None:
         shortcut["pch"] = wait["found"]
         shortcut["pch_wait_s"] = round(shortcut.get("pch_wait_s", 0.0) + wait["waited_s"], 1)
+        if wait["skipped"]:  # the attempt failed in its CUDA unit, and main.cpp was not compiled
+            shortcut["main_skipped"] = shortcut.get("main_skipped", 0) + 1
 
 
 def _excerpt(text: str) -> str:
