@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import (PchPlan, announce_pch, build_pch, lean_aten_headers, light_cuda_sources,
-                                              normalize_cflags, pch_file, pch_variants, pch_wait_environment, plan_pch,
-                                              read_pch_wait, reporting_nvcc)
+from dice_kernels.harness.build_speed import (PchPlan, announce_pch, build_pch, declarations_only, lean_aten_headers,
+                                              light_cuda_sources, light_extension_header, normalize_cflags, pch_file,
+                                              pch_variants, pch_wait_environment, plan_pch, planned_pch, read_pch_wait,
+                                              reporting_nvcc)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -141,32 +142,60 @@ def test_lean_headers_compile_what_the_sources_name_and_fail_on_what_they_hide(t
     assert _syntax_check(hidden, [], tmp_path).returncode == 0
 
 
+def _header_dir(root: Path, ready: bool = True) -> Path:
+    (root / "torch").mkdir(parents=True)
+    if ready:
+        (root / "torch" / "extension.h.gch").write_bytes(b"")
+    return root
+
+
 def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
     from types import SimpleNamespace
 
     from dice_kernels.harness.worker import BuildLog, _build_attempts
 
-    pch = tmp_path / "pch"
-    (pch / "torch").mkdir(parents=True)
-    (pch / "torch" / "extension.h.gch").write_bytes(b"")
-    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": str(pch)}, pch_compiler=None)
-    arguments = {"name": "ext", "cpp_sources": "", "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
+    full, light = _header_dir(tmp_path / "full"), _header_dir(tmp_path / "light")
+    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": str(full)}, pch_light={"[]": str(light)},
+                          pch_compiler=None)
+    arguments = {"name": "ext", "cpp_sources": "torch::Tensor f(torch::Tensor x);",
+                 "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
     log = BuildLog()
-    attempts, env = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
-    assert env is None  # the header is ready: nothing waits
-    assert [(h, d.name) for h, _, d in attempts] == [("lean", "ext_1"), ("own", "ext_1_own")]
-    (_, lean, _), (_, own, _) = attempts
+    attempts = _build_attempts(job, arguments, tmp_path / "ext_1", log, "ext#1")
+    assert [(a.headers, a.directory.name, a.env) for a in attempts] == [("lean", "ext_1", None),
+                                                                        ("own", "ext_1_own", None)]  # ready
+    lean, own = (a.arguments for a in attempts)
     assert lean["extra_cuda_cflags"][:2] == ["-O3", "-DAT_PER_OPERATOR_HEADERS"]
     assert lean["cuda_sources"] == light_cuda_sources(arguments["cuda_sources"])
     assert own["cuda_sources"] == arguments["cuda_sources"] and own["extra_cuda_cflags"] == ["-O3"]
-    assert lean["extra_cflags"] == own["extra_cflags"] == [f"-I{pch}"]  # main.cpp takes the PCH either way
-    assert log.shortcuts == [{"key": "ext#1", "pch": True, "headers": []}]
+    # main.cpp: the light torch/extension.h for cpp_sources that only declare, torch's own in the last attempt
+    assert lean["extra_cflags"] == [f"-I{light}"] and own["extra_cflags"] == [f"-I{full}"]
+    assert log.shortcuts == [{"key": "ext#1", "pch": True, "headers": [], "light_main": True}]
+    defines = {**arguments, "cpp_sources": "torch::Tensor f(torch::Tensor x) { return x; }"}
+    assert [a.arguments["extra_cflags"] for a in _build_attempts(job, defines, tmp_path / "d", log, "d#1")] == [
+        [f"-I{full}"], [f"-I{full}"]]
+    assert "light_main" not in log.shortcuts[-1]
     # code that visibly needs the Python bindings or the C++ frontend, and the CPU backend, build as written
     bindings = {**arguments, "cuda_sources": KERNEL + "PYBIND11_MODULE(m, m) {}"}
-    assert [h for h, _, _ in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")[0]] == ["own"]
-    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None, pch_compiler=None)
-    cpu, _ = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
-    assert [(h, d.name) for h, _, d in cpu] == [("own", "e")]
+    assert [a.headers for a in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")] == ["own"]
+    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None, pch_light=None, pch_compiler=None)
+    cpu = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
+    assert [(a.headers, a.directory.name) for a in cpu] == [("own", "e")]
+
+
+def test_each_attempt_waits_for_its_own_header(tmp_path):
+    from types import SimpleNamespace
+
+    from dice_kernels.harness.worker import BuildLog, _build_attempts
+
+    plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
+                     light) for name, light in (("full", None), ("light", "// light\n"))]
+    compiler = announce_pch(plans, tmp_path)
+    job = SimpleNamespace(mode="build", light_headers=True, pch=planned_pch(plans),
+                          pch_light=planned_pch(plans, light=True), pch_compiler=compiler)
+    arguments = {"name": "ext", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": KERNEL}
+    lean, own = _build_attempts(job, arguments, tmp_path / "ext_1", BuildLog(), "ext#1")
+    assert lean.env["DICE_PCH_FILE"] == str(pch_file(plans[1].root))
+    assert own.env["DICE_PCH_FILE"] == str(pch_file(plans[0].root))
 
 
 def _announced(tmp_path: Path) -> tuple[PchPlan, str]:
@@ -253,3 +282,58 @@ def test_the_reporting_nvcc_marks_only_failures(tmp_path):
     assert ok.returncode == 0 and (tmp_path / "ok.o").exists()
     assert not (tmp_path / "cuda_unit_failed").exists()
     assert "PYTORCH_NVCC" not in pch_wait_environment(str(plan.root), compiler)  # no nvcc known: torch's own
+
+
+def test_the_light_header_is_torchs_without_the_frontend():
+    import torch
+
+    own = (Path(torch.__file__).parent / "include" / "torch" / "extension.h").read_text()
+    light = light_extension_header(own)
+    assert "#include <torch/all.h>" in own and "#include <torch/all.h>" not in light
+    assert "#include <torch/python.h>" in light  # the bindings and every pybind11 type caster
+    assert light_extension_header(light) is None  # nothing to drop
+
+
+def test_only_function_declarations_take_the_light_header():
+    dice = ("#include <torch/extension.h>\n// the kernels\n"
+            "torch::Tensor upsample(torch::Tensor input, const std::vector<double>& scale_factor);\n"
+            "std::vector<at::Tensor> norm(const at::Tensor& x, double eps = 1e-5, int64_t dim=-1);\n")
+    assert declarations_only(dice) and declarations_only([dice, "at::Tensor* f(int n);"])
+    for code in ("torch::Tensor f(torch::Tensor x) { return x; }",  # a body calls things
+                 "torch::Tensor f(torch::Tensor x = torch::ones({1}));",  # so does a default argument
+                 "using namespace torch;", "int x;", 'extern "C" void f();',
+                 "#define D(n) torch::Tensor n(torch::Tensor);\nD(f);",
+                 "torch::Tensor f(torch::Tensor x, void (*cb)(int));"):
+        assert not declarations_only(code), code
+
+
+def test_bindings_built_against_the_light_precompiled_header_work(tmp_path):
+    import torch
+    from torch.utils.cpp_extension import load
+
+    plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
+    (light,) = [p for p in plans if p.light is not None]
+    assert len(plans) == 2 and build_pch([light]) == {} and light.ready  # its own header, beside torch's
+    flags = light.command[light.command.index("c++-header") + 1:]
+    # main.cpp as load_inline writes it, for cpp_sources that declare what the other unit defines
+    main = tmp_path / "main.cpp"
+    main.write_text('#include <torch/extension.h>\n'
+                    'torch::Tensor twice(torch::Tensor x, const std::vector<double>& scale);\n'
+                    'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n'
+                    'm.def("twice", torch::wrap_pybind_function(twice), "twice");\n}\n')
+    used = subprocess.run(["c++", *flags, f"-I{light.root}", "-DTORCH_EXTENSION_NAME=probe", "-Winvalid-pch", "-H",
+                           "-fsyntax-only", str(main)], capture_output=True, text=True, timeout=600)
+    assert used.returncode == 0, used.stderr[-2000:]
+    assert f"! {pch_file(light.root)}" in used.stderr  # GCC took the light precompiled header
+    impl = tmp_path / "impl.cpp"
+    impl.write_text("#include <torch/types.h>\n#include <vector>\n"
+                    "torch::Tensor twice(torch::Tensor x, const std::vector<double>& scale) "
+                    "{ return x * 2 * scale.at(0); }\n")
+    module = load("dice_light_probe", [str(main), str(impl)], extra_cflags=[f"-I{light.root}"],
+                  build_directory=str(tmp_path), verbose=False)
+    assert torch.equal(module.twice(torch.ones(3), [1.5]), torch.full((3,), 3.0))  # the vector caster is there
+    # a declaration that names the C++ frontend does not compile with it: the build falls back to torch's own
+    main.write_text("#include <torch/extension.h>\nvoid step(torch::optim::SGD& optimizer);\n")
+    light_compile = subprocess.run(["c++", *flags, f"-I{light.root}", "-fsyntax-only", str(main)],
+                                   capture_output=True, text=True, timeout=600)
+    assert light_compile.returncode != 0 and "optim" in light_compile.stderr

@@ -61,6 +61,9 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
                                                      "19_ReLU/needs_full_header": Outcome.CORRECT}
     # the lean headers serve the plain kernel; the one that needs torch/cuda.h falls back to its own
     assert [s["headers"] for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == [["lean"]]
+    # its cpp_sources only declare relu_forward: main.cpp took the light torch/extension.h, and the bindings work
+    assert [(s.get("light_main"), s["pch"]) for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == [
+        (True, True)]  # ...and its precompiled form, which this cold run built
     assert [s["headers"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == [["lean", "own"]]
 
 

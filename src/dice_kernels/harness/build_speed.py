@@ -7,6 +7,10 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
   (`announce_pch`, `pch_wait_environment`): parsing the header without it costs each build more than the wait.
   GCC uses a precompiled header only when it is valid for the compile at hand and otherwise parses the real
   header, so a mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
+- in the lighter attempt below, `main.cpp` finds a light `torch/extension.h` first: torch's without the C++
+  frontend (`torch/all.h`), with its own precompiled header, where the cpp_sources only declare functions
+  (`declarations_only`). The bindings then see the same pybind11 type casters (none is declared in the
+  frontend), and a declaration that names a frontend type fails to compile and falls back.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_cuda_sources` drops that include;
@@ -75,6 +79,11 @@ status=$?
 exit "$status"
 """
 
+_ALL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/all\.h>[ \t]*\n", re.MULTILINE)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# `T name(params)`: a function declaration with no call, body, string or character in it (default arguments are
+# allowed when they call nothing)
+_DECLARATION = re.compile(r"[\w:<>,\s*&]*[\w>*&][\s*&]+\w+\s*\([^(){}\"';]*\)\s*(?:const\s*)?")
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
 _NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
 
@@ -106,6 +115,26 @@ def light_cuda_sources(sources) -> list[str] | None:
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
+
+
+def light_extension_header(text: str) -> str | None:
+    """torch's `torch/extension.h` text without the C++ frontend (its `#include <torch/all.h>`), or None when that
+    include is not there exactly once."""
+    light, n = _ALL_INCLUDE.subn("", text)
+    return light if n == 1 else None
+
+
+def declarations_only(sources) -> bool:
+    """Whether cpp_sources only declare functions (`T name(params);`, comments and preprocessor lines aside). Such
+    code calls nothing and defines nothing, so the light header gives it the same meaning: a type it names from
+    the frontend is not declared there and fails to compile."""
+    for text in _texts(sources):
+        code = "\n".join(line for line in _COMMENT.sub(" ", text).splitlines() if not line.lstrip().startswith("#"))
+        if any(c in code for c in "{}\"'\\"):
+            return False
+        if not all(_DECLARATION.fullmatch(s.strip()) for s in code.split(";") if s.strip()):
+            return False
+    return True
 
 
 _OPS_INCLUDE = {  # ATen umbrella header -> its per-operator include lines (group 1: the operator's name)
@@ -183,8 +212,9 @@ class PchPlan:
 
     variant: tuple[str, ...]
     root: Path  # the -I directory: root/torch/extension.h.gch
-    command: list[str]  # without its output
+    command: list[str]  # without its input and output
     header: Path  # torch's own extension.h
+    light: str | None = None  # the light header's text (`light_extension_header`); None: torch's own header
 
     @property
     def ready(self) -> bool:
@@ -212,29 +242,36 @@ def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
     return tuple(v for v in variants if not v or any(all(f in t for f in v) for t in texts))
 
 
-def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS) -> list[PchPlan]:
-    """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out)."""
+def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False) -> list[PchPlan]:
+    """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out), and
+    with `light`, one more per variant for the light header."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
+    texts = [None]
+    if light and (text := light_extension_header(header.read_text())) is not None:
+        texts.append(text)
     plans = []
     for variant in variants:
         try:
             with tempfile.TemporaryDirectory(prefix="dice-pch-") as tmp:
                 cxx, flags, post = _main_unit_command(variant, with_cuda, Path(tmp))
-            command = [*shlex.split(cxx), "-x", "c++-header", str(header), *flags, *post]
-            key = hashlib.sha256(json.dumps([command, _compiler_id(cxx), torch.__version__,
-                                             header.stat().st_mtime_ns]).encode()).hexdigest()[:24]
-            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header))
+            command = [*shlex.split(cxx), "-x", "c++-header", *flags, *post]
+            compiler = _compiler_id(cxx)
         except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError):
             continue
+        for text in texts:
+            key = hashlib.sha256(json.dumps([command, compiler, torch.__version__, header.stat().st_mtime_ns,
+                                             text]).encode()).hexdigest()[:24]
+            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header, text))
     return plans
 
 
-def planned_pch(plans: list[PchPlan]) -> dict[str, str]:
-    """{json(extra_cflags): include dir} for every plan, ready or not: what build workers are given (a compile
-    that finds no header there parses torch's own)."""
-    return {json.dumps(list(p.variant)): str(p.root) for p in plans}
+def planned_pch(plans: list[PchPlan], light: bool = False) -> dict[str, str]:
+    """{json(extra_cflags): include dir} for every plan of torch's own header (with `light`: of the light one),
+    ready or not: what build workers are given (a compile that finds no precompiled header there parses the
+    header beside it)."""
+    return {json.dumps(list(p.variant)): str(p.root) for p in plans if (p.light is not None) == light}
 
 
 def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
@@ -324,10 +361,14 @@ def _build_pch(plan: PchPlan) -> None:
         (staging / "torch").mkdir()
         # GCC looks for the .gch beside where it finds the header; a second `#include <torch/extension.h>` in the
         # same unit (common in cpp_sources) must then find the header itself here too
-        (staging / "torch" / "extension.h").symlink_to(plan.header)
-        subprocess.run([*plan.command, "-o", str(pch_file(staging))], check=True,
-                       capture_output=True, timeout=900)
-        (staging / "command.json").write_text(json.dumps(plan.command))
+        source = staging / "torch" / "extension.h"
+        if plan.light is None:
+            source.symlink_to(plan.header)
+        else:
+            source.write_text(plan.light)
+        command = [*plan.command, str(plan.header if plan.light is None else source)]
+        subprocess.run([*command, "-o", str(pch_file(staging))], check=True, capture_output=True, timeout=900)
+        (staging / "command.json").write_text(json.dumps(command))
         os.replace(staging, root)
     except OSError:  # another process published the same header first
         if not pch_file(root).exists():

@@ -151,6 +151,7 @@ class Evaluator:
     platform: Platform
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
     pch: dict[str, str] = field(default_factory=dict)  # build_speed.planned_pch: headers build workers may use
+    pch_light: dict[str, str] = field(default_factory=dict)  # the same for the light header
     pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
     _seq: int = 0
     _seq_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -279,6 +280,7 @@ class Evaluator:
                "timing_plan": cfg.timing_plan(lead_ms), "gpu_lock": self.gpu_lock,
                "limits": {**limits.__dict__, "writable": list(limits.writable)}, "atol": cfg.atol, "rtol": cfg.rtol,
                "pch": self.pch if mode == "build" else None,
+               "pch_light": self.pch_light if mode == "build" else None,
                "pch_compiler": self.pch_compiler if mode == "build" else None,
                "compile_baseline": cfg.compile_baseline and mode == "run" and role == "reference",
                "speed_of_light": cfg.resolved_speed_of_light(self.platform.backend) and mode == "run"
@@ -669,8 +671,10 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         ev.warm_up(builds=bool(uncached))
     pch_thread = None
     if config.fast_build and uncached:
-        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached))
-        ev.pch = planned_pch(plans)
+        # the light header serves the lighter CUDA attempts only, so CUDA builds only
+        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached),
+                         light=backend == "cuda")
+        ev.pch, ev.pch_light = planned_pch(plans), planned_pch(plans, light=True)
         ev.pch_compiler = announce_pch(plans, config.cache_dir)
         if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
             def _build() -> None:

@@ -25,7 +25,7 @@ import time
 import traceback
 import types
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,6 +63,7 @@ class Job:
     atol: float = 0.0  # tolerances, for the reference's degenerate-task check (does an input copy pass?)
     rtol: float = 0.0
     pch: dict | None = None  # build mode: {json(extra_cflags): include dir of a precompiled torch/extension.h}
+    pch_light: dict | None = None  # build mode: the same for the light torch/extension.h (build_speed.py)
     pch_compiler: str | None = None  # build mode: build_speed.announce_pch's, while some header is being built
     light_headers: bool = False  # build mode: try lighter torch headers for CUDA sources first (build_speed.py)
     compile_baseline: bool = False  # reference role: also time torch.compile(Model) with the same protocol
@@ -136,28 +137,28 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
                 return monitor.wrap_extension(module, name) if monitor else module
             root = Path(job.build_dir) if job.mode == "build" else Path(job.workdir) / "late_builds"
             bound.arguments["verbose"] = False
-            attempts, compiler_env = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
+            attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
             start = time.monotonic()
             try:
-                for n, (headers, arguments, directory) in enumerate(attempts, 1):
-                    directory.mkdir(parents=True, exist_ok=True)
-                    log.shortcuts[-1]["headers"].append(headers)
+                for n, attempt in enumerate(attempts, 1):
+                    attempt.directory.mkdir(parents=True, exist_ok=True)
+                    log.shortcuts[-1]["headers"].append(attempt.headers)
                     try:
-                        with _environment(compiler_env):
-                            module = original(**{**arguments, "build_directory": str(directory)})
+                        with _environment(attempt.env):
+                            module = original(**{**attempt.arguments, "build_directory": str(attempt.directory)})
                         break
                     except Exception:  # noqa: BLE001 - a lighter attempt failed: the next one decides
                         if n == len(attempts):
                             raise
                     finally:
-                        _note_pch_wait(log.shortcuts[-1], directory)
+                        _note_pch_wait(log.shortcuts[-1], attempt.directory)
             except BaseException as e:  # noqa: BLE001 - recorded, then re-raised to the candidate
                 log.failures.append(_excerpt(str(e)))
                 raise
             finally:
                 log.compile_s += time.monotonic() - start
             module_name = module.__name__ if isinstance(module, types.ModuleType) else name
-            log.built.append({"key": key, "module": module_name, "dir": str(directory.relative_to(root))})
+            log.built.append({"key": key, "module": module_name, "dir": str(attempt.directory.relative_to(root))})
             return monitor.wrap_extension(module, name) if monitor else module
 
         patched.__wrapped__ = original
@@ -167,38 +168,55 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
     cpp.load = wrap(cpp.load)
 
 
-def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog,
-                    key: str) -> tuple[list[tuple[str, dict, Path]], dict[str, str] | None]:
-    """The (headers, load_inline arguments, build directory) attempts in order, the last the candidate's own
-    sources, and the environment they compile in (None: as it is). `headers` names the CUDA unit's torch headers
+@dataclass(frozen=True)
+class _Attempt:
+    """One try at building an extension: the CUDA unit's torch headers (`_build_attempts`), torch's arguments, the
+    build directory, and the environment it compiles in (None: as it is)."""
+
+    headers: str
+    arguments: dict
+    directory: Path
+    env: dict[str, str] | None = None
+
+
+def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: str) -> list[_Attempt]:
+    """The attempts in order, the last the candidate's own sources. `headers` names the CUDA unit's torch headers
     (build_speed.py): "lean" (light sources, ATen's umbrellas cut to the operators they name), "light" (without
-    <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". One lighter attempt, not
+    <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". A lighter attempt's main.cpp
+    takes the light torch/extension.h where the cpp_sources only declare functions. One lighter attempt, not
     two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers compiled
     all 16 DICE kernels measured (benchmarks.md)."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if job.mode != "build" or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
-        return [("own", arguments, out)], None
-    from dice_kernels.harness.build_speed import (lean_cuda_arguments, light_cuda_sources, normalize_cflags, pch_file,
-                                                  pch_wait_environment)
+        return [_Attempt("own", arguments, out)]
+    from dice_kernels.harness.build_speed import (declarations_only, lean_cuda_arguments, light_cuda_sources,
+                                                  normalize_cflags, pch_file, pch_wait_environment)
 
-    own = dict(arguments)
-    pch_dir = (job.pch or {}).get(json.dumps(list(normalize_cflags(own.get("extra_cflags")))))
-    compiler_env = None
-    if pch_dir:  # found before torch's own headers, and ignored by GCC wherever it would not be valid
-        own["extra_cflags"] = [*(own.get("extra_cflags") or []), f"-I{pch_dir}"]
-        log.shortcuts[-1]["pch"] = pch_file(Path(pch_dir)).exists()
-        compiler_env = pch_wait_environment(pch_dir, job.pch_compiler, _torch_nvcc())
-    if not job.light_headers:
-        return [("own", own, out)], compiler_env
-    lean = lean_cuda_arguments(own, out.with_name(out.name + "_lean_include"))
-    light = light_cuda_sources(own.get("cuda_sources"))
+    variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
+
+    def attempt(headers: str, args: dict, directory: Path, pch_dir: str | None) -> _Attempt:
+        """main.cpp finds the header at `pch_dir` before torch's (GCC ignores its precompiled form wherever it
+        would not be valid), and waits for it while it is being built."""
+        if not pch_dir:
+            return _Attempt(headers, args, directory)
+        args = {**args, "extra_cflags": [*(args.get("extra_cflags") or []), f"-I{pch_dir}"]}
+        return _Attempt(headers, args, directory, pch_wait_environment(pch_dir, job.pch_compiler, _torch_nvcc()))
+
+    full = (job.pch or {}).get(variant)
+    own = attempt("own", dict(arguments), out, full)
+    log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
+    lean = lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include")) if job.light_headers else None
+    light = light_cuda_sources(arguments.get("cuda_sources")) if job.light_headers else None
     if lean is not None:
         first = ("lean", lean)
     elif light is not None:
-        first = ("light", {**own, "cuda_sources": light})
+        first = ("light", {**arguments, "cuda_sources": light})
     else:
-        return [("own", own, out)], compiler_env
-    return [(*first, out), ("own", own, out.with_name(out.name + "_own"))], compiler_env
+        return [own]
+    light_main = (job.pch_light or {}).get(variant) if declarations_only(arguments["cpp_sources"]) else None
+    if light_main:
+        log.shortcuts[-1].update(light_main=True, pch=pch_file(Path(light_main)).exists())
+    return [attempt(*first, out, light_main or full), replace(own, directory=out.with_name(out.name + "_own"))]
 
 
 def _torch_nvcc() -> str | None:
