@@ -40,12 +40,12 @@ def test_no_workers_are_started_ahead_when_disabled(tmp_path):
 def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     import os
 
-    config = EvalConfig(backend="cpu", warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
+    config = EvalConfig(backend="cpu", jobs=2, warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
     ev = Evaluator(config, Platform.detect("cpu"))
     try:
-        ev.warm_up()
-        assert not ev._ready["build"]  # nothing to build: no build worker is started ahead
-        ev.warm_up(builds=True)
+        ev.warm_up(builds=2)
+        assert not ev._ready["build"]  # every build starts at once: none is started ahead
+        ev.warm_up(builds=5)
         waiting, (ahead,) = list(ev._ready["run"]), list(ev._ready["build"])
         build = ev._take_worker("build")
         assert build is ahead and list(ev._ready["run"]) == waiting  # the run pool is left for runs

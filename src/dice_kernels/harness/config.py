@@ -57,7 +57,7 @@ class EvalConfig:
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
     warm_workers: int = -1
     # build workers started ahead of their job likewise (at build_nice), for the builds that start once the
-    # first `jobs` are under way; used only while a batch has uncached builds
+    # first `jobs` are under way: at most this many, and none for a batch with no more than `jobs` to build
     warm_build_workers: int = 4
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every

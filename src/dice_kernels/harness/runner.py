@@ -203,11 +203,11 @@ class Evaluator:
                                        for key, per_dtype in everything.items()}, indent=1))
             os.replace(tmp, path)
 
-    def warm_up(self, builds: bool = False) -> None:
-        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and with
-        `builds`, of build workers (EvalConfig.warm_build_workers)."""
+    def warm_up(self, builds: int = 0) -> None:
+        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and of build
+        workers (EvalConfig.warm_build_workers), as many as `builds` to come leave for after the first `jobs`."""
         wanted = {"run": self.config.resolved_warm_workers(self.platform.backend),
-                  "build": self.config.warm_build_workers if builds else 0}
+                  "build": min(self.config.warm_build_workers, max(0, builds - self.config.jobs))}
         with self._ready_lock:
             for mode, n in wanted.items():
                 while len(self._ready[mode]) < n:
@@ -668,7 +668,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
     uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
     if todo:
-        ev.warm_up(builds=bool(uncached))
+        ev.warm_up(builds=len(uncached))
     pch_thread = None
     if config.fast_build and uncached:
         # the light header serves the lighter CUDA attempts only, so CUDA builds only
