@@ -3,6 +3,8 @@ build workers come from their own pool, at a lower CPU priority."""
 
 from __future__ import annotations
 
+import pytest
+
 from dice_kernels.harness import EvalConfig, sandbox
 from dice_kernels.harness.runner import Evaluator, Platform
 
@@ -59,3 +61,8 @@ def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     finally:
         ev.close()
     assert refill.proc.poll() is not None
+
+
+def test_a_negative_build_pool_is_refused():
+    with pytest.raises(ValueError, match="warm_build_workers must be 0"):
+        EvalConfig(backend="cpu", warm_build_workers=-1).check()

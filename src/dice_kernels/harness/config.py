@@ -113,6 +113,8 @@ class EvalConfig:
             raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
         if self.timing_loops < 1:
             raise ValueError(f"timing_loops must be at least 1, not {self.timing_loops}")
+        if self.warm_build_workers < 0:
+            raise ValueError(f"warm_build_workers must be 0 (none) or more, not {self.warm_build_workers}")
         if self.resolved_backend() == "cuda":
             import torch
 
