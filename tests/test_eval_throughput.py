@@ -130,3 +130,16 @@ def test_the_phase_table_reads_runs_beside_the_list_of_repeats(capsys):
     printed = capsys.readouterr().out
     assert "ours cold_subset (wall 58 s)" in printed and "build 690.0" in printed
     assert "cold_subset_runs" not in printed
+
+
+def test_the_cpu_trace_sees_a_compiler_run(tmp_path):
+    import subprocess
+
+    source = tmp_path / "unit.cpp"
+    source.write_text("#include <regex>\n#include <iostream>\nint main() { std::regex r(\"a+\"); return 0; }\n")
+    with et.CpuTrace(interval_s=0.1) as trace:
+        subprocess.run(["c++", "-O2", "-c", str(source), "-o", str(tmp_path / "unit.o")], check=True, timeout=300)
+    cpu = trace.to_dict()
+    assert len(cpu["busy"]) >= 3 and all(0.0 <= b <= 1.0 for b in cpu["busy"])
+    assert max(cpu["running"]["cc1plus"]) >= 1 and max(cpu["busy"]) > 0.3
+    assert {len(v) for v in cpu["running"].values()} == {len(cpu["busy"])}  # one count per sample
