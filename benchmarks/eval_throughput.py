@@ -69,6 +69,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -282,8 +283,6 @@ class CpuTrace:
     COMPILERS = ("cc1plus", "cudafe++", "cicc", "ptxas", "ld")
 
     def __init__(self, interval_s: float = 0.5):
-        import threading
-
         self.interval_s = interval_s
         self.busy: list[float] = []
         self.running: dict[str, list[int]] = {name: [] for name in self.COMPILERS}
@@ -298,7 +297,8 @@ class CpuTrace:
             return None
         return sum(fields), fields[3] + fields[4]  # total, idle + iowait
 
-    def _count(self) -> Counter:
+    @staticmethod
+    def _count() -> Counter:
         names = Counter()
         for pid in os.listdir("/proc"):
             if pid.isdigit():

@@ -40,7 +40,7 @@ from pathlib import Path
 
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
 PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
-# the longest a compile waits for a header being built (25-31 s of one core on the H200 machine); after that
+# the longest a compile waits for a header being built (25-36 s of one core on the H200 machines); after that
 # it goes on without
 PCH_WAIT_S = 120
 
@@ -275,7 +275,7 @@ def planned_pch(plans: list[PchPlan], light: bool = False) -> dict[str, str]:
 
 
 def ready_pch(plans: list[PchPlan]) -> dict[str, str]:
-    """`planned_pch` of the plans whose header is built."""
+    """`planned_pch` of the plans whose header is built (torch's own header's: what `build_pch` reports)."""
     return planned_pch([p for p in plans if p.ready])
 
 
