@@ -77,6 +77,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+PROCESS_START = time.monotonic()  # --time-budget-s counts from here: `import torch` below takes seconds
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the package is not installed
 
@@ -363,14 +364,21 @@ def run_summary(run: dict) -> dict:
             "outcomes": {r["id"]: r["outcome"] for r in run["rows"]}}
 
 
-def run_kb(items: list[Item], backend: str, jobs: int, timeout_s: float, deadline: float | None) -> dict:
+def run_kb(items: list[Item], backend: str, jobs: int, timeout_s: float, deadline: float | None,
+           on_progress: Callable[[dict], None] = lambda doc: None) -> dict:
+    """The KernelBench-style run as a report section; `on_progress` gets the section so far after each candidate."""
     root = Path(tempfile.mkdtemp(prefix="tp-kb-"))
     cfg = kbs.KBConfig(backend=backend, workers=jobs, timeout_s=timeout_s, build_root=root, deadline=deadline)
     jobs_ = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in items]
     try:
-        run = kbs.evaluate_kb_style(jobs_, cfg, log=lambda s: print(s, flush=True))
+        run = kbs.evaluate_kb_style(jobs_, cfg, log=lambda s: print(s, flush=True),
+                                    on_progress=lambda r: on_progress(kb_section(r, len(items), jobs, timeout_s)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return kb_section(run, len(items), jobs, timeout_s)
+
+
+def kb_section(run: kbs.KBRun, n: int, jobs: int, timeout_s: float) -> dict:
     doc = run.to_dict()
     evaluated = [r for r in run.results if r.outcome not in ("not_run", "generation_failure")]
     phases: dict[str, float] = {"precompile (build s, summed)": sum(r.precompile.get("compile_s") or 0.0
@@ -378,7 +386,7 @@ def run_kb(items: list[Item], backend: str, jobs: int, timeout_s: float, deadlin
     for r in evaluated:
         for k, v in r.phase_s.items():
             phases[k] = phases.get(k, 0.0) + v
-    doc.update(n=len(items), rate_per_min=kbs.rate_per_min(run), phases_s={k: round(v, 2) for k, v in phases.items()},
+    doc.update(n=n, rate_per_min=kbs.rate_per_min(run), phases_s={k: round(v, 2) for k, v in phases.items()},
                outcomes=dict(Counter(r.outcome for r in run.results)),
                built_in_eval=sum(r.built_in_eval for r in run.results), workers=jobs, timeout_s=timeout_s)
     return doc
@@ -570,7 +578,7 @@ def _cold_dir(given: Path | None) -> Path:
 def run_benchmark(args: argparse.Namespace, save: Callable[[dict], None]) -> dict:
     """Every requested run, in order; `save` gets the document after each, so a call killed at its time limit
     still leaves the runs it finished."""
-    started = time.monotonic()
+    started = PROCESS_START
     backend = "cpu" if args.smoke else args.backend
     items = smoke_batch() if args.smoke else cuda_batch(args.data, args.tasks, args.per_task, args.seed)
     subset = items[: args.kb_subset or (len(items) if args.smoke else 2 * args.per_task)]
@@ -604,7 +612,11 @@ def run_benchmark(args: argparse.Namespace, save: Callable[[dict], None]) -> dic
                 shutil.rmtree(d, ignore_errors=True)
     if args.evaluators in ("both", "kb"):
         deadline = started + args.time_budget_s if args.time_budget_s else None
-        doc["kb"] = run_kb(subset, backend, args.jobs, args.kb_timeout, deadline)
+
+        def partial(kb: dict) -> None:  # a call killed at its limit keeps the candidates finished so far
+            save({**doc, "kb": kb})
+
+        doc["kb"] = run_kb(subset, backend, args.jobs, args.kb_timeout, deadline, on_progress=partial)
     doc["total_s"] = round(time.monotonic() - started, 1)
     return doc
 

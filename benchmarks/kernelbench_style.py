@@ -498,8 +498,11 @@ def _evaluate_in_fresh_process(job: KBJob, index: int, cfg: KBConfig) -> tuple[d
     return report, timed_out, time.time() - submitted
 
 
-def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str], None] = print) -> KBRun:
-    """Pre-compile, baseline, then one fresh process per candidate; results in input order."""
+def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str], None] = print,
+                      on_progress: Callable[[KBRun], None] | None = None) -> KBRun:
+    """Pre-compile, baseline, then one fresh process per candidate; results in input order. `on_progress` gets
+    the run so far after each candidate (the rest `not_run`, as if the time budget had ended there), so a caller
+    killed at its time limit can keep what was finished."""
     (cfg.build_root / "logs").mkdir(parents=True, exist_ok=True)
     run_start = time.monotonic()
     built = precompile(jobs, cfg, log)
@@ -509,12 +512,23 @@ def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str],
     baseline_s = time.monotonic() - start
     start = time.monotonic()
     results: list[KBResult] = []
+
+    def not_run(i: int) -> KBResult:
+        return KBResult(jobs[i].key, "not_run", None, precompile=built.get(i, {}))
+
+    def run_so_far(results: list[KBResult]) -> KBRun:
+        return KBRun([*results, *(not_run(i) for i in range(len(results), len(jobs)))], precompile_s, baseline_s,
+                     time.monotonic() - start, baseline_ms, sum(r.outcome != "not_run" for r in results))
+
+    progress = on_progress or (lambda run: None)
+    progress(run_so_far(results))
     for i, job in enumerate(jobs):
         if cfg.deadline is not None and time.monotonic() > cfg.deadline:  # the finished ones stay a prefix
-            results.append(KBResult(job.key, "not_run", None, precompile=built.get(i, {})))
+            results.append(not_run(i))
             continue
         if job.code is None:  # KernelBench never gets a kernel file for an output it could not extract code from
             results.append(KBResult(job.key, "generation_failure", None, stage="generation"))
+            progress(run_so_far(results))
             continue
         report, timed_out, wall = _evaluate_in_fresh_process(job, i, cfg)
         kb = report["kb"] if report else None
@@ -528,9 +542,8 @@ def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str],
         results.append(r)
         log(f"kb eval {i + 1}/{len(jobs)} {job.key}: {r.outcome} ({wall:.1f} s"
             f"{', built in eval' if r.built_in_eval else ''})")
-    eval_s = time.monotonic() - start
-    finished = sum(r.outcome != "not_run" for r in results)
-    return KBRun(results, precompile_s, baseline_s, eval_s, baseline_ms, finished)
+        progress(run_so_far(results))
+    return run_so_far(results)
 
 
 def rate_per_min(run: KBRun) -> float:

@@ -143,3 +143,27 @@ def test_the_cpu_trace_sees_a_compiler_run(tmp_path):
     assert len(cpu["busy"]) >= 3 and all(0.0 <= b <= 1.0 for b in cpu["busy"])
     assert max(cpu["running"]["cc1plus"]) >= 1 and max(cpu["busy"]) > 0.3
     assert {len(v) for v in cpu["running"].values()} == {len(cpu["busy"])}  # one count per sample
+
+
+def test_the_kernelbench_style_run_reports_every_finished_candidate_as_it_goes(tmp_path):
+    """Real child processes, nothing compiled: a Python error, a truncated output, and the same Python error once
+    more with the time budget already spent (not_run). Every snapshot covers every candidate."""
+    items = [it for it in et.smoke_batch() if it.kind in ("python_error", "truncated")]
+    jobs = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in items]
+    jobs.append(kbs.KBJob("late", items[0].task.id, items[0].task.code, items[0].cand.code))
+    snapshots: list[kbs.KBRun] = []
+
+    def progress(run: kbs.KBRun) -> None:
+        snapshots.append(run)
+        if run.finished == 2:  # the budget ends here: the third candidate must not start
+            cfg.deadline = 0.0
+
+    cfg = kbs.KBConfig(backend="cpu", workers=2, timeout_s=120, build_root=tmp_path)
+    run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None, on_progress=progress)
+    assert [r.outcome for r in run.results] == ["python_error", "generation_failure", "not_run"]
+    assert [s.finished for s in snapshots] == [0, 1, 2]  # before the first candidate and after each one
+    assert all(len(s.results) == len(jobs) for s in snapshots)
+    assert [r.outcome for r in snapshots[0].results] == ["not_run"] * 3
+    assert run.finished == 2 and kbs.rate_per_min(run) > 0
+    section = et.kb_section(snapshots[1], len(jobs), 2, 120)  # what a call killed during the second had saved
+    assert section["outcomes"] == {"python_error": 1, "not_run": 2} and section["n"] == 3
