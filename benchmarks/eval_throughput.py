@@ -332,9 +332,9 @@ class CpuTrace:
         return {"interval_s": self.interval_s, "busy": self.busy, "running": self.running}
 
 
-def run_ours(items: list[Item], backend: str, jobs: int, cache_dir: Path, label: str) -> dict:
+def run_ours(items: list[Item], cfg: EvalConfig, label: str) -> dict:
+    cache_dir = cfg.cache_dir
     cold = not cache_dir.exists() or not any(cache_dir.iterdir())
-    cfg = EvalConfig(backend=backend, jobs=jobs, cache_dir=cache_dir)
     done = [0]
 
     def show(r: EvalResult) -> None:
@@ -568,7 +568,12 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "src")),
             "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": os.cpu_count(),
-            "jobs": args.jobs, "seed": args.seed}
+            "jobs": args.jobs, "build_overcommit": args.build_overcommit, "seed": args.seed}
+
+
+def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
+    return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=args.jobs,
+                      build_overcommit=args.build_overcommit, cache_dir=cache_dir)
 
 
 def _cold_dir(given: Path | None) -> Path:
@@ -594,7 +599,7 @@ def run_benchmark(args: argparse.Namespace, save: Callable[[dict], None]) -> dic
                 for k in range(args.cold_repeats):  # a fresh cache each time: every run is cold
                     temp.append(_cold_dir(None))
                     label = "cold-subset" if args.cold_repeats == 1 else f"cold-subset-{k + 1}"
-                    runs.append(run_ours(subset, backend, args.jobs, temp[-1], label))
+                    runs.append(run_ours(subset, ours_config(args, temp[-1]), label))
                     doc["ours"]["cold_subset"] = median_run(runs)
                     doc["ours"]["cold_subset_runs"] = [run_summary(r) for r in runs]
                     save(doc)
@@ -602,10 +607,10 @@ def run_benchmark(args: argparse.Namespace, save: Callable[[dict], None]) -> dic
             cache = _cold_dir(args.cache_dir)
             if args.cache_dir is None:
                 temp.append(cache)
-            doc["ours"]["cold_full"] = run_ours(items, backend, args.jobs, cache, "cold")
+            doc["ours"]["cold_full"] = run_ours(items, ours_config(args, cache), "cold")
             save(doc)
             if args.warm:
-                doc["ours"]["warm_full"] = run_ours(items, backend, args.jobs, cache, "warm")
+                doc["ours"]["warm_full"] = run_ours(items, ours_config(args, cache), "warm")
                 save(doc)
         finally:
             for d in temp:
@@ -641,7 +646,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="which tasks and foreign kernels (batch is deterministic)")
     ap.add_argument("--kb-subset", type=int, default=0,
                     help="the KernelBench-style evaluator sees the first N candidates (default 2 tasks; smoke: all)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile workers, both evaluators")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="cores for compiles: KernelBench's pre-compile pool size, and ours (EvalConfig.jobs)")
+    ap.add_argument("--build-overcommit", type=float, default=EvalConfig.build_overcommit,
+                    help="ours: builds in flight per --jobs core (1: one build per core, as KernelBench's pool)")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny CPU batch from the package's examples")
     ap.add_argument("--cache-dir", type=Path, default=None, help="our build cache (default: a fresh temp dir)")
