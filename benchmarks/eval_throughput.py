@@ -13,7 +13,9 @@ run in two calls on the same deterministic batch and are merged afterwards):
     python benchmarks/eval_throughput.py --smoke --warm --out /tmp/tp_smoke.json     # CPU, examples, ~6 min
 
 Without --evaluators both run in one call (fine for small batches). --time-budget-s counts from the start of the
-call: no KernelBench-style candidate starts after it (one already running may take up to --kb-timeout more).
+process: no KernelBench-style candidate starts after it (one already running may take up to --kb-timeout more);
+--out is rewritten after each of our runs and after each KernelBench-style candidate, so a call killed at its
+limit keeps what it finished.
 --cold-repeats N evaluates the KB subset cold N times (a fresh cache each, about a minute each on the H200),
 reports the median run and shows the ratio for every run: two runs differed by 10 % in the ninth session, as
 much as the distance to the 10x target.
