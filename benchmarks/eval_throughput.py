@@ -570,12 +570,13 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "src")),
             "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": os.cpu_count(),
-            "jobs": args.jobs, "build_overcommit": args.build_overcommit, "seed": args.seed}
+            "jobs": args.jobs, "build_overcommit": args.build_overcommit, "fast_build": args.fast_build,
+            "seed": args.seed}
 
 
 def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
     return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=args.jobs,
-                      build_overcommit=args.build_overcommit, cache_dir=cache_dir)
+                      build_overcommit=args.build_overcommit, fast_build=args.fast_build, cache_dir=cache_dir)
 
 
 def _cold_dir(given: Path | None) -> Path:
@@ -652,6 +653,8 @@ def main() -> None:
                     help="cores for compiles: KernelBench's pre-compile pool size, and ours (EvalConfig.jobs)")
     ap.add_argument("--build-overcommit", type=float, default=EvalConfig.build_overcommit,
                     help="ours: builds in flight per --jobs core (1: one build per core, as KernelBench's pool)")
+    ap.add_argument("--fast-build", action=argparse.BooleanOptionalAction, default=True,
+                    help="ours: the build shortcuts (EvalConfig.fast_build); --no-fast-build compiles as load_inline does")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny CPU batch from the package's examples")
     ap.add_argument("--cache-dir", type=Path, default=None, help="our build cache (default: a fresh temp dir)")

@@ -41,7 +41,7 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (results.sqlite, results.jsonl, summary.json, report.md, outcomes.png). Default: runs/eval-<time>."),
     resume: bool = typer.Option(False, "--resume", help="Skip candidates already recorded in --out's database (harness errors are retried)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="CPU cores for compiles (default: CPU count)."),
-    build_overcommit: float = typer.Option(1.5, "--build-overcommit", help="Builds in flight per --jobs core: a build is a chain of mostly one-core compiler stages, so more than one per core keeps every core busy until the last build ends (1: one per core)."),
+    build_overcommit: float = typer.Option(1.0, "--build-overcommit", help="Builds in flight per --jobs core. A build is a chain of mostly one-core compiler stages, so more than one per core (e.g. 1.5) lets the last builds of a batch start with the first ones instead of running almost alone at the end; each costs host memory."),
     trials: int = typer.Option(5, help="Correctness trials, each with freshly seeded inputs."),
     atol: float = typer.Option(1e-2, help="Absolute tolerance."),
     rtol: float = typer.Option(1e-2, help="Relative tolerance."),

@@ -43,7 +43,7 @@ def build(
     backend: str = typer.Option("auto", help="Harness backend: auto, cuda or cpu."),
     trials: int = typer.Option(5, help="Correctness trials per pair."),
     timing_iters: int = typer.Option(100, help="Timed runs per pair."),
-    jobs: Optional[int] = typer.Option(None, help="CPU cores for compiles (builds in flight: 1.5 per core) [default: CPU count]."),
+    jobs: Optional[int] = typer.Option(None, help="CPU cores for compiles, one build each [default: CPU count]."),
     run_workers: int = typer.Option(0, help="Concurrent run workers (timing stays one at a time) "
                                     "[default: 4 on CUDA, 1 on CPU]."),
     memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most one "

@@ -53,11 +53,11 @@ class EvalConfig:
     # measure again and replace the cached one; "off": measure, cache nothing
     baselines: str = "reuse"
     jobs: int = max(1, (os.cpu_count() or 2))  # cores for compiles
-    # builds in flight per core of `jobs`: a build is a chain of mostly one-core stages (nvcc's front end, cicc,
-    # ptxas, the host compiler, the link), so with one build per core the last builds of a batch, started when
-    # the first ones end, run almost alone; with more in flight every build starts at once and all cores stay busy
-    # to the end (build_slots; host memory grows with it)
-    build_overcommit: float = 1.5
+    # builds in flight per core of `jobs` (build_slots): a build is a chain of mostly one-core stages (nvcc's front
+    # end, cicc, ptxas, the host compiler, the link), so with one build per core the last builds of a batch,
+    # started when the first ones end, run almost alone; with more in flight they start with the others and can
+    # fill the idle cores at the end. Host memory grows with it. 1 until a GPU measurement shows more is faster
+    build_overcommit: float = 1.0
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
