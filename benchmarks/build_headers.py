@@ -11,9 +11,12 @@ torch's own flags:
 
 It reports, per mode, how many CUDA units compiled and the seconds `nvcc` took for them (ninja's log of the
 `cuda.cuda.o` step, so the C++ unit and the link are left out). On a machine whose torch has no CUDA (the
-2-core machine) nvcc still compiles the unit; the link then fails, which this benchmark ignores. Usage:
+2-core machine) nvcc still compiles the unit; the link then fails, which this benchmark ignores. With
+--stages, nvcc also writes its own per-step times (`nvcc --time`), summed per step (preprocessing, cudafe++,
+cicc, ptxas, fatbinary, the host compile) and reported as medians: where a unit's seconds go. Usage:
 
     python benchmarks/build_headers.py --n 12 --jobs 2 --out build_headers.json
+    python benchmarks/build_headers.py --n 8 --modes lean --stages --out stages.json
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -77,11 +81,29 @@ def mode_arguments(arguments: dict, mode: str, scratch: Path) -> dict | None:
     return lean_cuda_arguments(arguments, scratch / "lean_include")
 
 
-def compile_cuda_unit(arguments: dict, directory: Path) -> dict:
-    """Build into `directory`; returns whether the CUDA unit compiled and nvcc's seconds for it."""
+def nvcc_stage_seconds(csv_text: str) -> dict[str, float]:
+    """Seconds per step from `nvcc --time`'s table, numbered steps of one kind summed ("gcc (preprocessing 4)"
+    and "gcc (preprocessing 1)" are both "gcc (preprocessing)")."""
+    stages: dict[str, float] = {}
+    for line in csv_text.splitlines()[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 8 or cells[-1] != "ms":
+            continue
+        name = re.sub(r"\s+\d+\)", ")", cells[1])
+        stages[name] = stages.get(name, 0.0) + float(cells[-2]) / 1000
+    return stages
+
+
+def compile_cuda_unit(arguments: dict, directory: Path, stages: bool = False) -> dict:
+    """Build into `directory`; returns whether the CUDA unit compiled and nvcc's seconds for it (with `stages`,
+    per nvcc step too)."""
     import torch.utils.cpp_extension as cpp
 
     directory.mkdir(parents=True)
+    timing = directory / "nvcc_time.csv"
+    if stages:
+        arguments = {**arguments, "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []),
+                                                        "--time", str(timing)]}
     error = ""
     try:
         cpp.load_inline(**{**arguments, "build_directory": str(directory), "verbose": False})
@@ -95,8 +117,10 @@ def compile_cuda_unit(arguments: dict, directory: Path) -> dict:
             if target.endswith(".cuda.o"):
                 seconds = (int(end) - int(start)) / 1000
     compiled = any(directory.glob("*.cuda.o"))
-    return {"compiled": compiled, "nvcc_s": seconds if compiled else None,
-            "error": "" if compiled else error[-400:]}
+    result = {"compiled": compiled, "nvcc_s": seconds if compiled else None, "error": "" if compiled else error[-400:]}
+    if stages and compiled and timing.exists():
+        result["stages_s"] = nvcc_stage_seconds(timing.read_text())
+    return result
 
 
 def row_id(row: dict) -> str:
@@ -106,7 +130,7 @@ def row_id(row: dict) -> str:
     return f"L{row['level']}/{int(row['problem_id']) + 1}/{row['file'][:4]}"
 
 
-def run_pair(row: dict, modes: tuple[str, ...], root: Path) -> dict:
+def run_pair(row: dict, modes: tuple[str, ...], root: Path, stages: bool = False) -> dict:
     rid = row_id(row)
     arguments = capture_arguments(row.get("cuda_code") or row["code"])
     result = {"id": rid, "modes": {}}
@@ -116,7 +140,7 @@ def run_pair(row: dict, modes: tuple[str, ...], root: Path) -> dict:
     for mode in modes:
         scratch = root / rid.replace("/", "_") / mode
         args = mode_arguments(arguments, mode, scratch)
-        result["modes"][mode] = compile_cuda_unit(args, scratch / "build") if args is not None else None
+        result["modes"][mode] = compile_cuda_unit(args, scratch / "build", stages) if args is not None else None
         print(f"{rid:>12} {mode:>5}: {result['modes'][mode]}", flush=True)
     return result
 
@@ -128,6 +152,12 @@ def summarize(results: list[dict], modes: tuple[str, ...]) -> dict:
         times = [t["nvcc_s"] for t in tried if t["compiled"]]
         out[mode] = {"tried": len(tried), "compiled": len(times),
                      "median_nvcc_s": statistics.median(times) if times else None}
+        per_stage: dict[str, list[float]] = {}
+        for t in tried:
+            for name, sec in (t.get("stages_s") or {}).items():
+                per_stage.setdefault(name, []).append(sec)
+        if per_stage:
+            out[mode]["median_stage_s"] = {k: statistics.median(v) for k, v in per_stage.items()}
     # the same kernels in every mode, side by side: the ratio that says what a mode saves
     both = [r for r in results if all((r.get("modes", {}).get(m) or {}).get("compiled") for m in modes)]
     for mode in modes[1:]:
@@ -146,6 +176,7 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
     ap.add_argument("--jobs", type=int, default=2, help="pairs built at once (each builds its modes in turn)")
     ap.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST (9.0: the H200)")
+    ap.add_argument("--stages", action="store_true", help="also nvcc's seconds per step (nvcc --time)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     modes = tuple(args.modes.split(","))
@@ -158,7 +189,7 @@ def main() -> None:
     os.environ.update(TORCH_CUDA_ARCH_LIST=args.arch, MAX_JOBS="1")
     rows = json.loads(args.pairs.read_text())[args.skip:args.skip + args.n]
     with tempfile.TemporaryDirectory(prefix="dice-build-headers-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda r: run_pair(r, modes, Path(tmp)), rows))
+        results = list(pool.map(lambda r: run_pair(r, modes, Path(tmp), args.stages), rows))
     summary = summarize(results, modes)
     print(f"{'mode':>6} {'tried':>6} {'compiled':>9} {'median nvcc s':>14} {'x vs own':>9}")
     for mode in modes:
@@ -167,6 +198,10 @@ def main() -> None:
         ratio = s.get("median_speedup_vs_own")
         print(f"{mode:>6} {s['tried']:>6} {s['compiled']:>9} {med:>14} {f'{ratio:.2f}' if ratio else '-':>9}")
     print(f"kernels compiled in every mode: {summary['compared']}")
+    for mode in modes:
+        if stages := summary[mode].get("median_stage_s"):
+            print(f"{mode}: median s per nvcc step: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1])))
     if args.out:
         args.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
 

@@ -45,3 +45,21 @@ def test_summary_compares_modes_on_the_kernels_every_mode_compiled():
 def test_rows_of_either_corpus_are_named_as_the_harness_names_them():
     assert bh.row_id({"id": 6995, "cuda_code": ""}) == "6995"
     assert bh.row_id({"level": "1", "problem_id": "39", "file": "f8c57e5701cb", "code": ""}) == "L1/40/f8c5"
+
+
+def test_nvcc_steps_are_read_from_its_own_timing_table(tmp_path):
+    """A real `nvcc --time` table of a small unit: numbered steps of one kind add up, every step is there."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    (tmp_path / "k.cu").write_text("__global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n")
+    table = tmp_path / "time.csv"
+    subprocess.run(["nvcc", "-c", "k.cu", "-o", "k.o", "--time", str(table)], cwd=tmp_path, check=True, timeout=300)
+    stages = bh.nvcc_stage_seconds(table.read_text())
+    assert {"gcc (preprocessing)", "cudafe++", "cicc", "ptxas", "gcc (compiling)"} <= set(stages)
+    assert all(s >= 0 for s in stages.values()) and stages["cicc"] > 0
+    numbered = [float(ln.split(",")[-2]) / 1000 for ln in table.read_text().splitlines() if "preprocessing" in ln]
+    assert len(numbered) == 2  # two preprocessing passes (host and device) become one entry
+    assert stages["gcc (preprocessing)"] == pytest.approx(sum(numbered))
