@@ -1,11 +1,12 @@
 """Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close;
-build workers come from their own pool, at a lower CPU priority."""
+build workers come from their own pool, at a lower CPU priority; a batch has as many builds in flight as its
+build slots (cores x overcommit)."""
 
 from __future__ import annotations
 
-import pytest
-
 import threading
+
+import pytest
 
 from conftest import EXAMPLES
 from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
