@@ -72,7 +72,7 @@ def main() -> None:
             build_pch([plan])
             headers[name] = {"build_s": round(time.monotonic() - start, 2), "ok": plan.ready,
                              "size_mb": round(pch_file(plan.root).stat().st_size / 2**20) if plan.ready else None,
-                             "root": plan.root, "command": plan.command}
+                             "command": plan.unit_command()}
             print(f"{name} header: {headers[name]['build_s']:.1f} s, {headers[name]['size_mb']} MB", flush=True)
         rows = []
         for row in json.loads(args.pairs.read_text()):
@@ -86,9 +86,7 @@ def main() -> None:
             times: dict[str, list[float]] = {"full": [], "light": []}
             for k in range(args.rounds):
                 for name in (("full", "light") if k % 2 == 0 else ("light", "full")):
-                    h = headers[name]
-                    flags = h["command"][h["command"].index("c++-header") + 1:]
-                    seconds = compile_seconds([*h["command"][:h["command"].index("-x")], *flags, f"-I{h['root']}",
+                    seconds = compile_seconds([*headers[name]["command"],
                                                f"-DTORCH_EXTENSION_NAME={arguments.get('name', 'ext')}",
                                                "-c", str(main), "-o", str(root / f"{name}.o")])
                     if seconds is not None:

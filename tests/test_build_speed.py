@@ -314,14 +314,13 @@ def test_bindings_built_against_the_light_precompiled_header_work(tmp_path):
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
     (light,) = [p for p in plans if p.light is not None]
     assert len(plans) == 2 and build_pch([light]) == {} and light.ready  # its own header, beside torch's
-    flags = light.command[light.command.index("c++-header") + 1:]
     # main.cpp as load_inline writes it, for cpp_sources that declare what the other unit defines
     main = tmp_path / "main.cpp"
     main.write_text('#include <torch/extension.h>\n'
                     'torch::Tensor twice(torch::Tensor x, const std::vector<double>& scale);\n'
                     'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n'
                     'm.def("twice", torch::wrap_pybind_function(twice), "twice");\n}\n')
-    used = subprocess.run(["c++", *flags, f"-I{light.root}", "-DTORCH_EXTENSION_NAME=probe", "-Winvalid-pch", "-H",
+    used = subprocess.run([*light.unit_command(), "-DTORCH_EXTENSION_NAME=probe", "-Winvalid-pch", "-H",
                            "-fsyntax-only", str(main)], capture_output=True, text=True, timeout=600)
     assert used.returncode == 0, used.stderr[-2000:]
     assert f"! {pch_file(light.root)}" in used.stderr  # GCC took the light precompiled header
@@ -334,6 +333,11 @@ def test_bindings_built_against_the_light_precompiled_header_work(tmp_path):
     assert torch.equal(module.twice(torch.ones(3), [1.5]), torch.full((3,), 3.0))  # the vector caster is there
     # a declaration that names the C++ frontend does not compile with it: the build falls back to torch's own
     main.write_text("#include <torch/extension.h>\nvoid step(torch::optim::SGD& optimizer);\n")
-    light_compile = subprocess.run(["c++", *flags, f"-I{light.root}", "-fsyntax-only", str(main)],
+    light_compile = subprocess.run([*light.unit_command(), "-fsyntax-only", str(main)],
                                    capture_output=True, text=True, timeout=600)
     assert light_compile.returncode != 0 and "optim" in light_compile.stderr
+
+
+def test_a_unit_compiles_with_the_headers_flags_and_finds_it_first(tmp_path):
+    plan = PchPlan((), tmp_path / "h", ["g++", "-x", "c++-header", "-O2", "-fPIC", "-std=c++17"], tmp_path / "e.h")
+    assert plan.unit_command() == ["g++", "-O2", "-fPIC", "-std=c++17", f"-I{tmp_path / 'h'}"]

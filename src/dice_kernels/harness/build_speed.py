@@ -225,6 +225,12 @@ class PchPlan:
         """The marker that says this header is being built (`announce_pch` to the end of its `build_pch`)."""
         return building_marker(self.root)
 
+    def unit_command(self) -> list[str]:
+        """A unit's compile command with this header's compiler and flags, finding the header first (input, output
+        and -D flags to add): the header's own command without `-x c++-header`."""
+        x = self.command.index("-x")
+        return [*self.command[:x], *self.command[x + 2:], f"-I{self.root}"]
+
 
 def pch_file(root: Path) -> Path:
     return root / "torch" / "extension.h.gch"
