@@ -165,5 +165,22 @@ def test_the_kernelbench_style_run_reports_every_finished_candidate_as_it_goes(t
     assert all(len(s.results) == len(jobs) for s in snapshots)
     assert [r.outcome for r in snapshots[0].results] == ["not_run"] * 3
     assert run.finished == 2 and kbs.rate_per_min(run) > 0
-    section = et.kb_section(snapshots[1], len(jobs), 2, 120)  # what a call killed during the second had saved
+    section = et.kb_section(snapshots[1], len(jobs), cfg)  # what a call killed during the second had saved
     assert section["outcomes"] == {"python_error": 1, "not_run": 2} and section["n"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reuse", [True, False])
+def test_the_kernelbench_style_eval_reuses_what_it_precompiled_unless_its_pool_reuses_processes(tmp_path, reuse):
+    """Real C++ builds: one pre-compile process builds the same program (one extension name) for two candidates.
+    Reused for both (KernelBench's pool), torch names the second `<name>_v1`, and its fresh eval process builds it
+    again; with a fresh process per build, the eval phase builds nothing."""
+    (item,) = [it for it in et.smoke_batch() if it.kind == "correct"]
+    jobs = [kbs.KBJob(f"c{i}", item.task.id, item.task.code, item.cand.code) for i in range(2)]
+    cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=300, build_root=tmp_path, num_perf_trials=2,
+                       reuse_precompile_workers=reuse)
+    run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None)
+    assert [r.precompile["ok"] for r in run.results] == [True, True]
+    assert [r.outcome for r in run.results] == ["correct", "correct"]
+    assert [r.built_in_eval for r in run.results] == [False, reuse]
+    assert et.kb_section(run, 2, cfg)["rebuilt_precompiled"] == int(reuse)

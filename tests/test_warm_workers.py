@@ -1,6 +1,6 @@
 """Workers started ahead of their job: each runs exactly one job, the pool refills, idle ones die on close;
-build workers come from their own pool, at a lower CPU priority; a batch has as many builds in flight as its
-build slots (cores x overcommit)."""
+build workers come from their own pool, at a lower CPU priority; a batch has as many builds in flight as
+`jobs`."""
 
 from __future__ import annotations
 
@@ -47,12 +47,11 @@ def test_no_workers_are_started_ahead_when_disabled(tmp_path):
 def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     import os
 
-    config = EvalConfig(backend="cpu", jobs=2, build_overcommit=1.5, warm_workers=1, warm_build_workers=1,
-                        build_nice=7, cache_dir=tmp_path)
+    config = EvalConfig(backend="cpu", jobs=2, warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
     ev = Evaluator(config, Platform.detect("cpu"))
     try:
-        ev.warm_up(builds=3)
-        assert not ev._ready["build"]  # all three build slots start at once: none is started ahead
+        ev.warm_up(builds=2)
+        assert not ev._ready["build"]  # both builds start at once: none is started ahead
         ev.warm_up(builds=5)
         waiting, (ahead,) = list(ev._ready["run"]), list(ev._ready["build"])
         build = ev._take_worker("build")
@@ -74,23 +73,16 @@ def test_a_negative_build_pool_is_refused():
         EvalConfig(backend="cpu", warm_build_workers=-1).check()
 
 
-def test_builds_in_flight_are_the_cores_times_the_overcommit():
-    assert [EvalConfig(backend="cpu", jobs=j, build_overcommit=o).build_slots()
-            for j, o in ((16, 1.5), (16, 1.0), (3, 1.5), (1, 1.0), (2, 2.0))] == [24, 16, 5, 1, 4]
-    with pytest.raises(ValueError, match="build_overcommit must be 1"):
-        EvalConfig(backend="cpu", build_overcommit=0.5).check()
-
-
-@pytest.mark.parametrize("overcommit, in_flight", [(1.0, 1), (3.0, 3)])
-def test_a_batch_builds_up_to_its_build_slots_at_once(tmp_path, overcommit, in_flight):
-    """Real workers, three distinct programs that fail in Python (nothing to compile): one build thread per slot."""
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_a_batch_builds_up_to_jobs_at_once(tmp_path, jobs):
+    """Real workers, three distinct programs that fail in Python (nothing to compile): as many build threads as `jobs`."""
     task = load_task_file(EXAMPLES / "tasks" / "level1" / "90_AddMul.py")
     code = (EXAMPLES / "solutions" / "cpu" / "level1" / "90_AddMul" / "no_modelnew.py").read_text()
     cands = [candidate_from_text(f"```python\n{code}\nVARIANT = {i}\n```", id=f"c{i}") for i in range(3)]
     seen: list[int] = []
-    config = EvalConfig(backend="cpu", jobs=1, build_overcommit=overcommit, timing=False, fast_build=False,
+    config = EvalConfig(backend="cpu", jobs=jobs, timing=False, fast_build=False,
                         cache_dir=tmp_path)  # no precompiled header: nothing here compiles
     results = evaluate([(task, c) for c in cands], config, progress=False,
                        on_result=lambda r: seen.append(sum(t.name.startswith("build") for t in threading.enumerate())))
     assert [r.outcome.value for r in results] == ["python_error"] * 3
-    assert max(seen) == in_flight
+    assert max(seen) == jobs

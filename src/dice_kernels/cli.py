@@ -40,8 +40,7 @@ def eval_cmd(
     backend: str = typer.Option("auto", help="cuda | cpu | auto (cuda when a GPU is present). CPU candidates are C++ extensions."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (results.sqlite, results.jsonl, summary.json, report.md, outcomes.png). Default: runs/eval-<time>."),
     resume: bool = typer.Option(False, "--resume", help="Skip candidates already recorded in --out's database (harness errors are retried)."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="CPU cores for compiles (default: CPU count)."),
-    build_overcommit: float = typer.Option(1.0, "--build-overcommit", help="Builds in flight per --jobs core. A build is a chain of mostly one-core compiler stages, so more than one per core (e.g. 1.5) lets the last builds of a batch start with the first ones instead of running almost alone at the end; each costs host memory."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="CPU cores for compiles, one build each (default: CPU count)."),
     trials: int = typer.Option(5, help="Correctness trials, each with freshly seeded inputs."),
     atol: float = typer.Option(1e-2, help="Absolute tolerance."),
     rtol: float = typer.Option(1e-2, help="Relative tolerance."),
@@ -71,7 +70,7 @@ def eval_cmd(
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
     run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu, 4 on cuda."),
     warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
-    warm_build_workers: int = typer.Option(4, "--warm-build-workers", help="Build workers started ahead of their job likewise, for the builds after the first --jobs x --build-overcommit; 0: none."),
+    warm_build_workers: int = typer.Option(4, "--warm-build-workers", help="Build workers started ahead of their job likewise, for the builds after the first --jobs; 0: none."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Show a progress bar; without one, a line per result (for logs)."),
 ) -> None:
@@ -97,7 +96,7 @@ def eval_cmd(
                         memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         baselines=baselines, run_workers=run_workers, warm_workers=warm_workers,
-                        warm_build_workers=warm_build_workers, build_overcommit=build_overcommit)
+                        warm_build_workers=warm_build_workers)
     try:
         config.check()
     except ValueError as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,18 +51,15 @@ class EvalConfig:
     # "reuse" a cached one (the reference still runs, untimed, for its outputs) or measure and cache it; "fresh":
     # measure again and replace the cached one; "off": measure, cache nothing
     baselines: str = "reuse"
-    jobs: int = max(1, (os.cpu_count() or 2))  # cores for compiles
-    # builds in flight per core of `jobs` (build_slots): a build is a chain of mostly one-core stages (nvcc's front
-    # end, cicc, ptxas, the host compiler, the link), so with one build per core the last builds of a batch,
-    # started when the first ones end, run almost alone; with more in flight they start with the others and can
-    # fill the idle cores at the end. Host memory grows with it. 1 until a GPU measurement shows more is faster
-    build_overcommit: float = 1.0
+    # builds in flight, one a core: more (1.5 a core) made every build slower and the batch 4-6 % slower on the
+    # H200 (docs/benchmarks.md, twelfth session), since a cold batch keeps every core busy until its tail
+    jobs: int = max(1, (os.cpu_count() or 2))
     run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
     warm_workers: int = -1
     # build workers started ahead of their job likewise (at build_nice), for the builds that start once the
-    # first `build_slots()` are under way: at most this many, and none for a batch with no more to build
+    # first `jobs` are under way: at most this many, and none for a batch with no more than `jobs` to build
     warm_build_workers: int = 4
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
@@ -119,8 +115,6 @@ class EvalConfig:
             raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
         if self.timing_loops < 1:
             raise ValueError(f"timing_loops must be at least 1, not {self.timing_loops}")
-        if not self.build_overcommit >= 1:
-            raise ValueError(f"build_overcommit must be 1 (one build per core) or more, not {self.build_overcommit}")
         if self.warm_build_workers < 0:
             raise ValueError(f"warm_build_workers must be 0 (none) or more, not {self.warm_build_workers}")
         if self.resolved_backend() == "cuda":
@@ -133,10 +127,6 @@ class EvalConfig:
     def candidate_run_timeout_s(self, reference_wall_s: float) -> float:
         """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
         return max(self.run_timeout_s, self.run_timeout_reference_factor * reference_wall_s)
-
-    def build_slots(self) -> int:
-        """Builds in flight at once: `jobs` times `build_overcommit`."""
-        return max(1, self.jobs, math.ceil(self.jobs * self.build_overcommit))
 
     def resolved_run_workers(self, backend: str) -> int:
         if self.run_workers > 0:

@@ -205,10 +205,9 @@ class Evaluator:
 
     def warm_up(self, builds: int = 0) -> None:
         """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and of build
-        workers (EvalConfig.warm_build_workers), as many as `builds` to come leave for after the first
-        `build_slots()`."""
+        workers (EvalConfig.warm_build_workers), as many as `builds` to come leave for after the first `jobs`."""
         wanted = {"run": self.config.resolved_warm_workers(self.platform.backend),
-                  "build": min(self.config.warm_build_workers, max(0, builds - self.config.build_slots()))}
+                  "build": min(self.config.warm_build_workers, max(0, builds - self.config.jobs))}
         with self._ready_lock:
             for mode, n in wanted.items():
                 while len(self._ready[mode]) < n:
@@ -717,7 +716,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         return None
 
     try:
-        with ThreadPoolExecutor(config.build_slots(), thread_name_prefix="build") as build_pool, \
+        with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
                 ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
             builds: dict[str, Future] = {}
             for i in todo:  # submitted in task order, so builds run ahead of the runs that need them
