@@ -15,7 +15,15 @@ run in two calls on the same deterministic batch and are merged afterwards):
 Without --evaluators both run in one call (fine for small batches). --time-budget-s counts from the start of the
 process: no KernelBench-style candidate starts after it (one already running may take up to --kb-timeout more);
 --out is rewritten after each of our runs and after each KernelBench-style candidate, so a call killed at its
-limit keeps what it finished.
+limit keeps what it finished. A KernelBench-style run longer than one call goes on in the next one, on the same
+machine (its /tmp survives while the machine stays warm), from where its time budget stopped it:
+
+    python benchmarks/eval_throughput.py --evaluators kb --kb-build-root /tmp/kb --time-budget-s 520 --out kb1.json
+    python benchmarks/eval_throughput.py --evaluators kb --kb-build-root /tmp/kb --kb-resume kb1.json --out kb.json
+
+The second call skips the pre-compile and the baseline, keeps the first call's seconds for them and its finished
+candidates, and adds its own eval phase to the first one's; it refuses to start when the pre-compiled libraries
+are gone (another machine).
 --cold-repeats N evaluates the KB subset cold N times (a fresh cache each, about a minute each on the H200),
 reports the median run and shows the ratio for every run: two runs differed by 10 % in the ninth session, as
 much as the distance to the 10x target.
@@ -369,16 +377,18 @@ def run_summary(run: dict) -> dict:
             "outcomes": {r["id"]: r["outcome"] for r in run["rows"]}}
 
 
-def run_kb(items: list[Item], cfg: kbs.KBConfig, on_progress: Callable[[dict], None] = lambda doc: None) -> dict:
+def run_kb(items: list[Item], cfg: kbs.KBConfig, build_root: Path | None = None, resume: kbs.KBRun | None = None,
+           on_progress: Callable[[dict], None] = lambda doc: None) -> dict:
     """The KernelBench-style run as a report section; `on_progress` gets the section so far after each candidate.
-    Builds go to a fresh temporary `cfg.build_root`."""
-    cfg = replace(cfg, build_root=Path(tempfile.mkdtemp(prefix="tp-kb-")))
+    Builds go to `build_root` (kept, so a later call can `resume` the run), or else to a temporary directory."""
+    cfg = replace(cfg, build_root=build_root or Path(tempfile.mkdtemp(prefix="tp-kb-")))
     jobs = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in items]
     try:
-        run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: print(s, flush=True),
+        run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: print(s, flush=True), resume=resume,
                                     on_progress=lambda r: on_progress(kb_section(r, len(items), cfg)))
     finally:
-        shutil.rmtree(cfg.build_root, ignore_errors=True)
+        if build_root is None:
+            shutil.rmtree(cfg.build_root, ignore_errors=True)
     return kb_section(run, len(items), cfg)
 
 
@@ -631,7 +641,18 @@ def run_benchmark(args: argparse.Namespace, save: Callable[[dict], None]) -> dic
 
         cfg = kbs.KBConfig(backend=backend, workers=args.jobs, timeout_s=args.kb_timeout, deadline=deadline,
                            reuse_precompile_workers=args.kb_reuse_precompile_workers)
-        doc["kb"] = run_kb(subset, cfg, on_progress=partial)
+        resume = None
+        if args.kb_resume:
+            earlier = json.loads(args.kb_resume.read_text())
+            if earlier["subset"]["fingerprint"] != doc["subset"]["fingerprint"]:
+                sys.exit(f"{args.kb_resume} evaluated another subset (fingerprints differ)")
+            resume = kbs.KBRun.from_dict(earlier["kb"])
+            cfg = replace(cfg, reuse_precompile_workers=earlier["kb"]["reuse_precompile_workers"])
+            doc["meta"]["kb_resumed"] = {"from": str(args.kb_resume), "meta": earlier["meta"]}
+        try:
+            doc["kb"] = run_kb(subset, cfg, args.kb_build_root, resume, on_progress=partial)
+        except ValueError as e:  # a run that cannot be resumed here
+            sys.exit(f"--kb-resume {args.kb_resume}: {e}")
     doc["total_s"] = round(time.monotonic() - started, 1)
     return doc
 
@@ -673,12 +694,19 @@ def main() -> None:
     ap.add_argument("--kb-reuse-precompile-workers", action="store_true",
                     help="KernelBench's pre-compile pool exactly: a process builds one candidate after another, and "
                          "torch's extension versioning makes the eval phase build some again (kernelbench_style.py)")
+    ap.add_argument("--kb-build-root", type=Path, default=None,
+                    help="keep the KernelBench-style builds here (default: a temporary directory, deleted after)")
+    ap.add_argument("--kb-resume", type=Path, default=None,
+                    help="an earlier --evaluators kb output of the same subset, cut short by --time-budget-s: go on "
+                         "with its eval phase, on the libraries it pre-compiled into --kb-build-root (same machine)")
     ap.add_argument("--evaluators", choices=("both", "ours", "kb"), default="both")
     ap.add_argument("--merge", type=Path, nargs=2, default=None, help="combine an ours run and a kb run")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.cold_repeats < 1:
         ap.error("--cold-repeats must be at least 1")
+    if args.kb_resume and (args.evaluators != "kb" or args.kb_build_root is None):
+        ap.error("--kb-resume needs --evaluators kb and the --kb-build-root of the run it resumes")
 
     def save(doc: dict) -> None:
         if args.out:

@@ -130,6 +130,11 @@ class KBRun:
                 "total_s": self.total_s, "finished": self.finished, "baseline_ms": self.baseline_ms,
                 "results": [asdict(r) for r in self.results]}
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> KBRun:
+        return cls([KBResult(**r) for r in doc["results"]], doc["precompile_s"], doc["baseline_s"], doc["eval_s"],
+                   doc["baseline_ms"], doc["finished"])
+
 
 # ---------------------------------------------------------------------------------------------- children
 
@@ -508,20 +513,46 @@ def _evaluate_in_fresh_process(job: KBJob, index: int, cfg: KBConfig) -> tuple[d
     return report, timed_out, time.time() - submitted
 
 
+def check_resumable(jobs: Sequence[KBJob], cfg: KBConfig, run: KBRun) -> None:
+    """Raise ValueError unless `run` is an earlier, unfinished run of `jobs` whose pre-compiled libraries are still
+    in `cfg.build_root` (resuming without them would make the eval phase build everything again)."""
+    if [r.key for r in run.results] != [j.key for j in jobs]:
+        raise ValueError("the run to resume evaluated other candidates (or in another order)")
+    if run.finished != sum(r.outcome != "not_run" for r in run.results[:run.finished]):
+        raise ValueError("the run to resume has unfinished candidates before finished ones")
+    missing = [r.key for i, r in enumerate(run.results[run.finished:], run.finished)
+               if r.precompile.get("ok") and not Path(_build_dir(cfg, i)).is_dir()]
+    if missing:
+        raise ValueError(f"{len(missing)} pre-compiled libraries of the run to resume are not under "
+                         f"{cfg.build_root} (first: {missing[0]}); was it another machine? Start the run again")
+
+
 def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str], None] = print,
-                      on_progress: Callable[[KBRun], None] | None = None) -> KBRun:
+                      on_progress: Callable[[KBRun], None] | None = None, resume: KBRun | None = None) -> KBRun:
     """Pre-compile, baseline, then one fresh process per candidate; results in input order. `on_progress` gets
     the run so far after each candidate (the rest `not_run`, as if the time budget had ended there), so a caller
-    killed at its time limit can keep what was finished."""
+    killed at its time limit can keep what was finished. `resume`: such a run, cut short, whose pre-compiled
+    libraries are still in `cfg.build_root` (`check_resumable`); its pre-compile, baseline and finished
+    candidates are kept and its eval phase goes on where it stopped (the time in between is not counted)."""
     (cfg.build_root / "logs").mkdir(parents=True, exist_ok=True)
-    run_start = time.monotonic()
-    built = precompile(jobs, cfg, log)
-    precompile_s = time.monotonic() - run_start
-    start = time.monotonic()
-    baseline_ms = _baselines(jobs, cfg)
-    baseline_s = time.monotonic() - start
-    start = time.monotonic()
-    results: list[KBResult] = []
+    if resume is not None:
+        check_resumable(jobs, cfg, resume)
+        for i in range(resume.finished, len(jobs)):  # torch's build locks left by a process killed mid-build
+            for lock in Path(_build_dir(cfg, i)).glob("*/lock"):
+                lock.unlink()
+        built = {i: r.precompile for i, r in enumerate(resume.results)}
+        precompile_s, baseline_s, baseline_ms = resume.precompile_s, resume.baseline_s, resume.baseline_ms
+        results = resume.results[:resume.finished]
+        log(f"kb resumed after {resume.finished}/{len(jobs)} candidates")
+    else:
+        run_start = time.monotonic()
+        built = precompile(jobs, cfg, log)
+        precompile_s = time.monotonic() - run_start
+        start = time.monotonic()
+        baseline_ms = _baselines(jobs, cfg)
+        baseline_s = time.monotonic() - start
+        results = []
+    start = time.monotonic() - (resume.eval_s if resume is not None else 0.0)
 
     def not_run(i: int) -> KBResult:
         return KBResult(jobs[i].key, "not_run", None, precompile=built.get(i, {}))
@@ -532,7 +563,8 @@ def evaluate_kb_style(jobs: Sequence[KBJob], cfg: KBConfig, log: Callable[[str],
 
     progress = on_progress or (lambda run: None)
     progress(run_so_far(results))
-    for i, job in enumerate(jobs):
+    for i in range(len(results), len(jobs)):
+        job = jobs[i]
         if cfg.deadline is not None and time.monotonic() > cfg.deadline:  # the finished ones stay a prefix
             results.append(not_run(i))
             continue

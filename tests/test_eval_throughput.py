@@ -184,3 +184,31 @@ def test_the_kernelbench_style_eval_reuses_what_it_precompiled_unless_its_pool_r
     assert [r.outcome for r in run.results] == ["correct", "correct"]
     assert [r.built_in_eval for r in run.results] == [False, reuse]
     assert et.kb_section(run, 2, cfg)["rebuilt_precompiled"] == int(reuse)
+
+
+@pytest.mark.slow
+def test_a_kernelbench_style_run_cut_short_goes_on_in_a_later_process(tmp_path):
+    """Real C++ build: the time budget ends after the first candidate; resuming evaluates the second on the library
+    pre-compiled before (a stale build lock left in its directory is cleared), keeping the first's seconds."""
+    python_error, correct = (next(it for it in et.smoke_batch() if it.kind == k) for k in ("python_error", "correct"))
+    jobs = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in (python_error, correct)]
+
+    def stop_after_one(run: kbs.KBRun) -> None:
+        if run.finished == 1:
+            cfg.deadline = 0.0
+
+    cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=120, build_root=tmp_path / "kb", num_perf_trials=2)
+    first = kbs.KBRun.from_dict(kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None, on_progress=stop_after_one)
+                                .to_dict())  # through JSON's shape, as a second call reads it
+    assert [r.outcome for r in first.results] == ["python_error", "not_run"] and first.results[1].precompile["ok"]
+    with pytest.raises(ValueError, match="pre-compiled libraries of the run to resume are not under"):
+        kbs.evaluate_kb_style(jobs, kbs.KBConfig(backend="cpu", build_root=tmp_path / "elsewhere"), resume=first)
+    (lock_dir,) = (tmp_path / "kb" / "build" / "00001").iterdir()
+    (lock_dir / "lock").touch()
+    cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=120, build_root=tmp_path / "kb", num_perf_trials=2)
+    run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None, resume=first)
+    assert [r.outcome for r in run.results] == ["python_error", "correct"] and run.finished == 2
+    assert not run.results[1].built_in_eval
+    assert (run.precompile_s, run.baseline_s) == (first.precompile_s, first.baseline_s) and run.eval_s > first.eval_s
+    with pytest.raises(ValueError, match="other candidates"):
+        kbs.evaluate_kb_style(jobs[::-1], cfg, resume=first)

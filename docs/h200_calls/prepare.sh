@@ -1,0 +1,9 @@
+# Run on the development machine before the device calls: copies these scripts and the shared data they read
+# into the git-ignored .devcarry/ (carry it), and records the commit they run at.
+set -e
+cd "$(dirname "$0")/../.."
+mkdir -p .devcarry/shared/data/corpora
+cp docs/h200_calls/*.sh .devcarry/
+cp ../shared/data/corpora/dice_infill_eval_99.json .devcarry/shared/data/corpora/
+cp -r ../shared/data/kernelbench .devcarry/shared/data/
+git rev-parse --short HEAD > .devcarry/commit.txt
