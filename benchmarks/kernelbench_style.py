@@ -9,8 +9,8 @@ run untrusted code. What it follows (ScalingIntelligence/KernelBench: `scripts/e
 1. **Pre-compile** (`compile.batch_compile`): a spawn-started `multiprocessing` pool of `workers` processes.
    Each candidate's source is exec'd with `os.environ['TORCH_EXTENSIONS_DIR'] = <its own build dir>`
    prepended, so torch's `load_inline` with torch's defaults (no MAX_JOBS, TORCH_CUDA_ARCH_LIST as inherited,
-   the candidate's own flags) builds into that directory; `TORCH_USE_CUDA_DSA=1` as KernelBench sets it. A failed build's directory is deleted, so the eval
-   phase builds it again, as in KernelBench. Deviation: KernelBench starts each build's timeout at submission
+   the candidate's own flags) builds into that directory; `TORCH_USE_CUDA_DSA=1` as KernelBench sets it. A
+   failed build's directory is deleted, so the eval phase builds it again, as in KernelBench. Deviation: KernelBench starts each build's timeout at submission
    (builds still queued behind busy workers can time out) and then resubmits it; here each build gets the full
    timeout from when its round of `workers` builds can start, and a build over it is left to the eval phase.
    Deviation, by default: each pre-compile process builds one candidate (`maxtasksperchild=1`). In KernelBench's
