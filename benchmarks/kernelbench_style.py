@@ -7,18 +7,19 @@ run untrusted code. What it follows (ScalingIntelligence/KernelBench: `scripts/e
 `build_cache=True`, `src/compile.py`, `src/eval.py`, `scripts/generate_baseline_time.py`):
 
 1. **Pre-compile** (`compile.batch_compile`): a spawn-started `multiprocessing` pool of `workers` processes.
-   Each candidate's source is exec'd with `os.environ['TORCH_EXTENSIONS_DIR'] = <its own build dir>`
-   prepended, so torch's `load_inline` with torch's defaults (no MAX_JOBS, TORCH_CUDA_ARCH_LIST as inherited,
-   the candidate's own flags) builds into that directory; `TORCH_USE_CUDA_DSA=1` as KernelBench sets it. A
-   failed build's directory is deleted, so the eval phase builds it again, as in KernelBench. Deviation: KernelBench starts each build's timeout at submission
-   (builds still queued behind busy workers can time out) and then resubmits it; here each build gets the full
-   timeout from when its round of `workers` builds can start, and a build over it is left to the eval phase.
-   Deviation, by default: each pre-compile process builds one candidate (`maxtasksperchild=1`). In KernelBench's
-   pool a process goes on to the next build, and torch names a second extension of the same name built in one
-   process `<name>_v1` (its per-process extension versioning: the build directory differs); the fresh eval
-   process looks for `<name>` and builds it again. On the H200 that rebuilt 2-3 of 20-22 pre-compiled programs
-   in every run (50-65 s each, up to half of the eval phase). Candidates of one task usually share the extension
-   name, so KernelBench pays this too; `reuse_precompile_workers=True` reproduces it.
+   Each candidate's source is exec'd with `os.environ['TORCH_EXTENSIONS_DIR'] = <its own build dir>` prepended,
+   so torch's `load_inline` with torch's defaults (no MAX_JOBS, TORCH_CUDA_ARCH_LIST as inherited, the
+   candidate's own flags) builds into that directory; `TORCH_USE_CUDA_DSA=1` as KernelBench sets it. A failed
+   build's directory is deleted, so the eval phase builds it again, as in KernelBench. Deviation: KernelBench
+   starts each build's timeout at submission (builds still queued behind busy workers can time out) and then
+   resubmits it; here each build gets the full timeout from when its round of `workers` builds can start, and a
+   build over it is left to the eval phase. Deviation, by default: each pre-compile process builds one candidate
+   (`maxtasksperchild=1`). In KernelBench's pool a process goes on to the next build, and torch names a second
+   extension of the same name built in one process `<name>_v1` (its per-process extension versioning: the build
+   directory differs); the fresh eval process looks for `<name>` and builds it again. On the H200 that rebuilt
+   2-3 of 20-22 pre-compiled programs in every run (50-65 s each, up to half of the eval phase). Candidates of
+   one task usually share the extension name, so KernelBench pays this too; `reuse_precompile_workers=True`
+   reproduces it.
 2. **Baseline** (`generate_baseline_time.py`): one process times every task's reference `Model` (seed-42 inputs,
    3 warm-ups + `num_perf_trials` calls, mean), the per-task time speedups are divided by.
 3. **Eval** (`batch_eval` on one GPU): candidates in order, each in a fresh `mp.Pool(1)` process bounded by
