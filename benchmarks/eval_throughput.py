@@ -586,12 +586,12 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "src")),
             "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": os.cpu_count(),
-            "jobs": args.jobs, "fast_build": args.fast_build, "seed": args.seed}
+            "jobs": args.jobs, "fast_build": args.fast_build, "fork_workers": args.fork_workers, "seed": args.seed}
 
 
 def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
     return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=args.jobs,
-                      fast_build=args.fast_build, cache_dir=cache_dir)
+                      fast_build=args.fast_build, fork_workers=args.fork_workers, cache_dir=cache_dir)
 
 
 def _cold_dir(given: Path | None) -> Path:
@@ -681,6 +681,9 @@ def main() -> None:
                     help="cores for compiles: KernelBench's pre-compile pool size, and ours (EvalConfig.jobs)")
     ap.add_argument("--fast-build", action=argparse.BooleanOptionalAction, default=True,
                     help="ours: the build shortcuts (EvalConfig.fast_build); --no-fast-build compiles as load_inline does")
+    ap.add_argument("--fork-workers", action=argparse.BooleanOptionalAction, default=True,
+                    help="ours: fork workers from the fork server (EvalConfig.fork_workers); --no-fork-workers "
+                         "starts an interpreter per worker")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny CPU batch from the package's examples")
     ap.add_argument("--cache-dir", type=Path, default=None, help="our build cache (default: a fresh temp dir)")

@@ -1,16 +1,19 @@
-"""Workers started ahead of their job vs started on demand, side by side on one batch with a warm build cache.
+"""How workers start, side by side on one batch with a warm build cache: on demand, started ahead of their job,
+and started ahead by forking them from the fork server (the default).
 
     python benchmarks/warm_workers.py [--backend cpu|cuda] [--rounds 3] [--out warm_workers.json]
 
 The batch is the package's example set for the backend (builds cached by a first, unmeasured pass). Each round
-evaluates it once with `warm_workers=0` and once with the default, alternating, and reports the batch wall time
-and the median `run` phase (candidate worker wall time, see docs/harness.md) per setting.
+evaluates it once per setting, in turn, and reports the batch wall time, the median `run` phase (candidate
+worker wall time, see docs/harness.md) and the CPU seconds of the whole pass (this process and every process
+under it) per setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -28,13 +31,24 @@ def example_pairs(backend: str) -> list:
     return pairs
 
 
-def one_pass(pairs: list, cache: Path, backend: str, warm_workers: int) -> dict:
-    config = EvalConfig(backend=backend, cache_dir=cache, warm_workers=warm_workers)
-    start = time.monotonic()
+SETTINGS = {"on demand": {"warm_workers": 0, "fork_workers": False},
+            "started ahead": {"warm_workers": -1, "fork_workers": False},
+            "forked ahead (default)": {"warm_workers": -1, "fork_workers": True}}
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every finished process under it (each reaped by its parent)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def one_pass(pairs: list, cache: Path, backend: str, setting: dict) -> dict:
+    config = EvalConfig(backend=backend, cache_dir=cache, **setting)
+    start, cpu = time.monotonic(), _cpu_s()
     results = evaluate(pairs, config, progress=False)
-    wall = time.monotonic() - start
+    wall, cpu = time.monotonic() - start, _cpu_s() - cpu
     runs = [r.extra["phase_s"]["run"] for r in results if "run" in r.extra.get("phase_s", {})]
-    return {"wall_s": wall, "median_run_s": statistics.median(runs) if runs else None,
+    return {"wall_s": wall, "cpu_s": cpu, "median_run_s": statistics.median(runs) if runs else None,
             "outcomes": {r.candidate_id: r.outcome.value for r in results}}
 
 
@@ -47,19 +61,20 @@ def main() -> None:
     pairs = example_pairs(args.backend)
     with tempfile.TemporaryDirectory(prefix="dice-warm-") as tmp:
         cache = Path(tmp)
-        one_pass(pairs, cache, args.backend, 0)  # fills the build cache; not measured
-        rows: dict[str, list[dict]] = {"on demand (warm_workers=0)": [], "started ahead (default)": []}
+        one_pass(pairs, cache, args.backend, SETTINGS["on demand"])  # fills the build cache; not measured
+        rows: dict[str, list[dict]] = {name: [] for name in SETTINGS}
         for _ in range(args.rounds):
-            rows["on demand (warm_workers=0)"].append(one_pass(pairs, cache, args.backend, 0))
-            rows["started ahead (default)"].append(one_pass(pairs, cache, args.backend, -1))
-    print(f"{len(pairs)} candidates, backend {args.backend}, {args.rounds} alternating rounds, warm build cache")
-    print(f"{'workers':<28} {'median batch wall s':>20} {'median run phase s':>20}")
+            for name, setting in SETTINGS.items():
+                rows[name].append(one_pass(pairs, cache, args.backend, setting))
+    print(f"{len(pairs)} candidates, backend {args.backend}, {args.rounds} rounds of each in turn, warm build cache")
+    print(f"{'workers':<24} {'median batch wall s':>20} {'median run phase s':>19} {'median CPU s':>13}")
     summary = {}
     for name, passes in rows.items():
         wall = statistics.median(p["wall_s"] for p in passes)
         run = statistics.median(p["median_run_s"] for p in passes)
-        summary[name] = {"median_wall_s": wall, "median_run_s": run, "passes": passes}
-        print(f"{name:<28} {wall:>20.2f} {run:>20.2f}")
+        cpu = statistics.median(p["cpu_s"] for p in passes)
+        summary[name] = {"median_wall_s": wall, "median_run_s": run, "median_cpu_s": cpu, "passes": passes}
+        print(f"{name:<24} {wall:>20.2f} {run:>19.2f} {cpu:>13.1f}")
     same = len({json.dumps(p["outcomes"], sort_keys=True) for ps in rows.values() for p in ps}) == 1
     print(f"identical outcomes in every pass: {same}")
     if args.out:

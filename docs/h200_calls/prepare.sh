@@ -2,6 +2,7 @@
 # into the git-ignored .devcarry/ (carry it), and records the commit they run at.
 set -e
 cd "$(dirname "$0")/../.."
+rm -f .devcarry/*.sh
 mkdir -p .devcarry/shared/data/corpora
 cp docs/h200_calls/*.sh .devcarry/
 cp ../shared/data/corpora/dice_infill_eval_99.json .devcarry/shared/data/corpora/

@@ -71,6 +71,7 @@ def eval_cmd(
     run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu, 4 on cuda."),
     warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
     warm_build_workers: int = typer.Option(4, "--warm-build-workers", help="Build workers started ahead of their job likewise, for the builds after the first --jobs; 0: none."),
+    fork_workers: bool = typer.Option(True, "--fork-workers/--no-fork-workers", help="Fork each worker from a process that imported torch once, instead of starting an interpreter that imports it (each is still a fresh process; docs/harness.md)."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Show a progress bar; without one, a line per result (for logs)."),
 ) -> None:
@@ -96,7 +97,7 @@ def eval_cmd(
                         memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         baselines=baselines, run_workers=run_workers, warm_workers=warm_workers,
-                        warm_build_workers=warm_build_workers)
+                        warm_build_workers=warm_build_workers, fork_workers=fork_workers)
     try:
         config.check()
     except ValueError as e:

@@ -35,6 +35,7 @@ from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import Comparison, TrialJudge, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.forkserver import ForkServer, ForkServerDown
 from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.store import ResultStore
@@ -45,6 +46,7 @@ from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
+_FORK_SERVER = "dice_kernels.harness.forkserver"
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,9 @@ class Evaluator:
     # started workers waiting for a job (sandbox.Started), per mode: "run", and "build" (at build_nice)
     _ready: dict[str, deque] = field(default_factory=lambda: {"run": deque(), "build": deque()})
     _ready_lock: threading.Lock = field(default_factory=threading.Lock)
+    _forks: ForkServer | None = None  # forkserver.py: workers forked with their imports done
+    _forks_lock: threading.Lock = field(default_factory=threading.Lock)
+    fork_server_down: str | None = None  # why workers are not forked, when the server failed to start
 
     def __post_init__(self) -> None:
         # shared with every other evaluation on this device (a private one if the shared folder is unsafe)
@@ -231,14 +236,31 @@ class Evaluator:
         d.mkdir(mode=0o700, parents=True)
         return d
 
-    def _start_worker(self, nice: int = 0) -> sandbox.Started:
-        workdir = self._new_workdir()
-        extra_env = {"TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"), "MAX_JOBS": "2",
+    def _worker_env(self, home: Path) -> dict[str, str]:
+        extra_env = {"TORCH_EXTENSIONS_DIR": str(home / "torch_extensions"), "MAX_JOBS": "2",
                      "OMP_NUM_THREADS": str(self.config.cpu_threads)}
         if self.platform.backend == "cuda":
             extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
-        return sandbox.start(sandbox.python_argv(_WORKER), cwd=workdir, env=sandbox.scrubbed_env(workdir, extra_env),
-                             nice=nice)
+        return sandbox.scrubbed_env(home, extra_env)
+
+    def _fork_server(self) -> ForkServer | None:
+        """The fork server (EvalConfig.fork_workers), started on first use; None where it is off or failed to
+        start (then every worker imports torch itself, as before, and the report's `fork_server` says why)."""
+        with self._forks_lock:
+            if self.config.fork_workers and self._forks is None and self.fork_server_down is None:
+                home = self.scratch / "forkserver"
+                try:
+                    self._forks = ForkServer(sandbox.python_argv(_FORK_SERVER), cwd=home,
+                                             env=self._worker_env(home))
+                except (ForkServerDown, OSError) as e:
+                    self.fork_server_down = str(e)
+                    print(f"dice-kernels: workers start without the fork server: {e}", file=sys.stderr, flush=True)
+            return self._forks
+
+    def _start_worker(self, nice: int = 0) -> sandbox.Started:
+        workdir = self._new_workdir()
+        return sandbox.start(sandbox.python_argv(_WORKER), cwd=workdir, env=self._worker_env(workdir), nice=nice,
+                             forks=self._fork_server())
 
     def _take_worker(self, mode: str = "run") -> sandbox.Started:
         """A fresh worker for one job, never one that already ran a job: one started earlier (its imports done or
@@ -452,6 +474,9 @@ class Evaluator:
             for ready in self._ready.values():
                 while ready:
                     sandbox.discard(ready.popleft())
+        with self._forks_lock:
+            if self._forks is not None:
+                self._forks.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -667,8 +692,6 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     run_workers = config.resolved_run_workers(backend)
     refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
     uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
-    if todo:
-        ev.warm_up(builds=len(uncached))
     pch_thread = None
     if config.fast_build and uncached:
         # the light header serves the lighter CUDA attempts only, so CUDA builds only
@@ -683,6 +706,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
 
             pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
             pch_thread.start()
+    if todo:  # after the header's build started: starting the fork server waits for its imports
+        ev.warm_up(builds=len(uncached))
 
     def process(i: int, build: Future) -> int | None:
         """Evaluate pair i and record it; returns i when its task must wait for memory (the caller requeues it)."""

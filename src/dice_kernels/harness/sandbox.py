@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
+
 # Environment variables a worker inherits; everything else (tokens, credentials, proxies) is dropped.
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
              "PYTHONPATH", "CC", "CXX", "NVCC_CCBIN", "CUDA_DEVICE_ORDER")
@@ -217,29 +219,38 @@ class Started:
     It is still one fresh process per job (never reused); starting it early only hides `import torch`. Its
     private directory and output pipe are made at start, since its environment names them."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     workdir: Path
     pipe_r: int  # read end of the private output pipe (the worker has the write end as $DICE_OUTPUT_FD)
 
 
-def start(argv: list[str], *, cwd: Path, env: dict[str, str], nice: int = 0) -> Started:
+def start(argv: list[str], *, cwd: Path, env: dict[str, str], nice: int = 0,
+          forks: ForkServer | None = None) -> Started:
     """Start a worker that waits for its job (see `Started`): new session, scrubbed env, private output pipe;
-    with `nice`, at that lower CPU priority (inherited by every process it starts)."""
+    with `nice`, at that lower CPU priority (inherited by every process it starts). With `forks`, the fork
+    server forks it (its imports already done) unless that server is down; otherwise `argv` is run."""
     pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env={**env, OUTPUT_FD_ENV: str(pipe_w)}, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                pass_fds=(pipe_w,))
+        proc = None
+        if forks is not None and not forks.down:
+            try:
+                proc = forks.spawn(cwd=cwd, env=env, nice=nice, output_fd_env=OUTPUT_FD_ENV, output_w=pipe_w)
+            except ForkServerDown:
+                proc = None
+        if proc is None:
+            proc = subprocess.Popen(argv, cwd=cwd, env={**env, OUTPUT_FD_ENV: str(pipe_w)}, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=(pipe_w,))
+            if nice:
+                try:  # before it reads its job: nothing it spawns runs at the old priority
+                    os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+                except OSError:  # already gone: supervise reports its death
+                    pass
     except BaseException:
         os.close(pipe_r)
         raise
     finally:
         os.close(pipe_w)
-    if nice:
-        try:  # before it reads its job: nothing it spawns runs at the old priority
-            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        except OSError:  # already gone: supervise reports its death
-            pass
     return Started(proc, cwd, pipe_r)
 
 
@@ -341,7 +352,7 @@ def supervise(worker: Started, job: str, *, timeout_s: float, rss_limit_bytes: i
                       readers[0].text(), readers[1].text(), peak, data.get("value"), data.get("error"))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen | ForkedProcess) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -1,0 +1,98 @@
+"""Workers forked from the fork server: each is a fresh process in its own session with its own directory,
+environment and priority; how it ended reaches the parent; a dead server makes the parent start workers itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from conftest import EXAMPLES
+from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
+from dice_kernels.harness.forkserver import ForkedProcess
+from dice_kernels.harness.runner import Evaluator, Platform
+from dice_kernels.tasks import load_task_file
+
+
+def _evaluator(tmp_path, **kw) -> Evaluator:
+    return Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path, **kw), Platform.detect("cpu"))
+
+
+def test_a_forked_worker_is_a_fresh_confinable_process_of_its_own(tmp_path):
+    ev = _evaluator(tmp_path, build_nice=5)
+    try:
+        worker = ev._take_worker("build")
+        other = ev._take_worker("run")
+        assert isinstance(worker.proc, ForkedProcess) and ev.fork_server_down is None
+        pid = worker.proc.pid
+        assert pid != other.proc.pid and pid != os.getpid()
+        assert os.getsid(pid) == pid  # its own session: killing its group reaches nothing else
+        assert os.readlink(f"/proc/{pid}/cwd") == str(worker.workdir)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+        assert os.getpriority(os.PRIO_PROCESS, other.proc.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+        sandbox.discard(worker)
+        assert worker.proc.returncode == -signal.SIGKILL  # relayed by the server, which reaped it
+        sandbox.discard(other)
+    finally:
+        ev.close()
+
+
+_REPORTS_ITS_ENVIRONMENT = """
+import os, subprocess, sys, tempfile
+seen = {"python": os.environ["HOME"], "child": subprocess.check_output(["sh", "-c", "printf %s $TMPDIR"]).decode(),
+        "tempfile": tempfile.gettempdir(), "cwd": os.getcwd(), "path0": sys.path[0],
+        "extensions": os.environ["TORCH_EXTENSIONS_DIR"]}
+raise RuntimeError("seen " + repr(seen))
+"""
+
+
+def test_a_forked_worker_runs_in_its_own_directory_and_environment_and_so_do_its_children(tmp_path):
+    import ast
+
+    task = load_task_file(EXAMPLES / "tasks" / "level1" / "19_ReLU.py")
+    (result,) = evaluate([(task, candidate_from_text(_REPORTS_ITS_ENVIRONMENT, id="env"))],
+                         EvalConfig(backend="cpu", cache_dir=tmp_path), progress=False)
+    assert result.outcome.value == "python_error"
+    seen = ast.literal_eval(result.error[result.error.index("seen ") + 5:].splitlines()[0])
+    workdir = seen["cwd"]
+    assert re.fullmatch(r".*/dice-eval-[^/]+/\d{6}", workdir)  # a worker's own directory, not the server's
+    assert seen["python"] == seen["child"] == seen["tempfile"] == seen["path0"] == workdir
+    assert seen["extensions"] == workdir + "/torch_extensions"
+
+
+def test_a_worker_that_fails_before_its_job_reports_it_on_stderr_with_its_exit_code(tmp_path):
+    ev = _evaluator(tmp_path)
+    try:
+        worker = ev._take_worker()
+        assert isinstance(worker.proc, ForkedProcess)
+        exit_ = sandbox.supervise(worker, str(tmp_path / "no-such-job.json"), timeout_s=60)
+        assert exit_.returncode == 1 and not exit_.timed_out
+        assert "no-such-job.json" in exit_.stderr and "Traceback" in exit_.stderr
+    finally:
+        ev.close()
+
+
+def test_when_the_server_dies_its_workers_are_ended_and_new_ones_start_the_usual_way(tmp_path):
+    ev = _evaluator(tmp_path)
+    try:
+        waiting = ev._take_worker()
+        assert isinstance(waiting.proc, ForkedProcess)
+        os.kill(ev._forks._proc.pid, signal.SIGKILL)
+        assert waiting.proc.wait() == -signal.SIGKILL  # ended by the parent: its status would never come
+        assert ev._forks.down
+        fresh = ev._take_worker()
+        assert not isinstance(fresh.proc, ForkedProcess) and fresh.proc.poll() is None
+        sandbox.discard(fresh)
+        sandbox.discard(waiting)
+    finally:
+        ev.close()
+
+
+def test_workers_import_torch_themselves_when_forking_is_off(tmp_path):
+    ev = _evaluator(tmp_path, fork_workers=False)
+    try:
+        worker = ev._take_worker()
+        assert not isinstance(worker.proc, ForkedProcess) and ev._forks is None
+        sandbox.discard(worker)
+    finally:
+        ev.close()
