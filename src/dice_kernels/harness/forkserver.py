@@ -20,10 +20,11 @@ import threading
 import traceback
 from pathlib import Path
 
-# what a fresh worker imports before it reads its job (worker.py's imports, the robust check's monitor, the
-# extension loader it patches): a module the worker would import only later is left out, so nothing a candidate
-# imports is found already loaded when a fresh worker would have imported it under the monitor's eye
-PRELOAD = ("dice_kernels.harness.worker", "dice_kernels.harness.integrity", "torch.utils.cpp_extension")
+# what a fresh worker imports before it reads its job (worker.py's imports, the robust check's monitor): a module
+# the worker would import only later is left out, so nothing a candidate imports is found already loaded when a
+# fresh worker would have imported it under the monitor's eye. Not torch.utils.cpp_extension: with a CUDA build
+# of torch (2.11) its import initialises the CUDA driver (a driver thread appears), which a fork cannot carry
+PRELOAD = ("dice_kernels.harness.worker", "dice_kernels.harness.integrity")
 _MAX_MESSAGE = 1 << 20
 _READY_TIMEOUT_S = 300.0  # the server's imports, on a machine whose every core is busy compiling
 
@@ -101,9 +102,11 @@ def serve(fd: int) -> None:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
-        except OSError:
+        except OSError as e:
+            print(f"fork server: stops, the parent's socket failed ({e})", file=sys.stderr)
             return
         if not data:  # the parent closed its end: its children are its own to end
+            print("fork server: stops, the parent closed its socket", file=sys.stderr)
             return
         ready_r, ready_w = os.pipe()
         pid = os.fork()
@@ -150,7 +153,8 @@ class ForkServer:
     def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cwd.mkdir(parents=True, exist_ok=True)
-        with open(cwd / "forkserver.log", "ab") as log:
+        self._log = cwd / "forkserver.log"
+        with open(self._log, "ab") as log:
             self._proc = subprocess.Popen([*argv, str(theirs.fileno())], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=log, pass_fds=(theirs.fileno(),),
                                           start_new_session=True)
@@ -186,7 +190,12 @@ class ForkServer:
     def _lost(self) -> None:
         """The server is gone (killed, out of memory): its live children were reparented and their statuses will
         never come, so they are ended here and reported as killed."""
-        self.down = self.down or f"the fork server exited ({self._proc.poll()})"
+        if not self.down:
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.down = f"the fork server exited ({code}): {self._log_tail()}"
         for pid in self._live:
             try:
                 os.killpg(pid, 9)
@@ -195,11 +204,17 @@ class ForkServer:
             self._exits[pid] = -9
         self._live.clear()
 
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self._log.read_text(errors="replace").strip().splitlines()[-lines:]) or "its log is empty"
+        except OSError as e:
+            return f"no log ({e})"
+
     def _expect(self, key: str, timeout_s: float) -> dict:
         with self._state:
             if not self._state.wait_for(lambda: self._answers or self.down, timeout=timeout_s):
                 self.down = f"the fork server did not answer within {timeout_s:.0f} s"
-            if self.down:
+            if not self._answers:  # an answer it sent before it went is still read: it may say why
                 raise ForkServerDown(self.down)
             answer = self._answers.pop(0)
             if key not in answer:

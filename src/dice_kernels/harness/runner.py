@@ -250,7 +250,7 @@ class Evaluator:
             if self.config.fork_workers and self._forks is None and self.fork_server_down is None:
                 home = self.scratch / "forkserver"
                 try:
-                    self._forks = ForkServer(sandbox.python_argv(_FORK_SERVER), cwd=home,
+                    self._forks = ForkServer([sys.executable, "-X", "faulthandler", "-m", _FORK_SERVER], cwd=home,
                                              env=self._worker_env(home))
                 except (ForkServerDown, OSError) as e:
                     self.fork_server_down = str(e)
