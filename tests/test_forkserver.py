@@ -6,10 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
+
+import pytest
 
 from conftest import EXAMPLES
 from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
-from dice_kernels.harness.forkserver import ForkedProcess
+from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
 from dice_kernels.harness.runner import Evaluator, Platform
 from dice_kernels.tasks import load_task_file
 
@@ -93,6 +97,34 @@ def test_workers_import_torch_themselves_when_forking_is_off(tmp_path):
     try:
         worker = ev._take_worker()
         assert not isinstance(worker.proc, ForkedProcess) and ev._forks is None
+        sandbox.discard(worker)
+    finally:
+        ev.close()
+
+
+def test_a_server_whose_imports_fail_says_why(tmp_path):
+    shadow = tmp_path / "shadow" / "dice_kernels"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    env = sandbox.scrubbed_env(tmp_path, {"PYTHONPATH": str(shadow.parent)})
+    with pytest.raises(ForkServerDown, match=r"exited \(1\).*broken on purpose"):
+        ForkServer(cwd=tmp_path / "server", env=env)
+
+
+def _threads_after_import(env: dict[str, str]) -> int:
+    code = "import os, dice_kernels.harness.worker; print(len(os.listdir('/proc/self/task')))"
+    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout)
+
+
+def test_a_server_that_cannot_fork_safely_refuses_and_workers_start_as_interpreters(tmp_path):
+    ev = _evaluator(tmp_path, cpu_threads=2)  # OpenBLAS, through numpy, starts a thread pool at import
+    try:
+        if _threads_after_import(ev._worker_env(tmp_path)) == 1:
+            pytest.skip("nothing the worker imports starts a thread here")
+        worker = ev._take_worker()
+        assert not isinstance(worker.proc, ForkedProcess)
+        assert re.search(r"cannot fork safely: \d+ threads", ev.fork_server_down)
         sandbox.discard(worker)
     finally:
         ev.close()

@@ -62,7 +62,7 @@ class EvalConfig:
     # first `jobs` are under way: at most this many, and none for a batch with no more than `jobs` to build
     warm_build_workers: int = 4
     # fork every worker from one process that imported torch once (forkserver.py) instead of starting a fresh
-    # interpreter that imports it: saves each worker 1.5-3 s of a core; every worker is still a new process
+    # interpreter that imports it (1.5 s of a core or more each); every worker is still a new process
     fork_workers: bool = True
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every

@@ -1,11 +1,12 @@
 """Workers forked from one process that imported torch once, instead of each importing it itself.
 
-A cold batch starts ~40 workers, and `import torch` costs each 1.5-3 s of a core: on a 16-core machine that is
-the first seconds of every core, while the builds wait. The fork server (`python -m dice_kernels.harness.forkserver`,
-started by the parent with the same scrubbed environment as its workers) imports the worker's modules, never
-initialises CUDA, and forks a fresh worker per request. Each fork is still one process per job, confined by the
-worker itself (sandbox.confine) before it reads untrusted code; the server holds nothing a candidate could use
-(no job, no reference output, no result) and never runs one. It reaps its children and relays how they ended.
+A cold batch starts ~40 workers, and `import torch` costs each 1.5 s of a core or more: on the H200 machine,
+with ~24 importing at once, a build worker spent 7-9 s on it while its build waited. The fork server
+(`serve`, a process the parent starts with its workers' scrubbed environment)
+imports the worker's modules, never initialises CUDA, and forks a fresh worker per request. Each fork is still one
+process per job, confined by the worker itself (sandbox.confine) before it reads untrusted code; the server holds
+nothing a candidate could use (no job, no reference output, no result) and never runs one. It reaps its children
+and relays how they ended.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +29,10 @@ from pathlib import Path
 PRELOAD = ("dice_kernels.harness.worker", "dice_kernels.harness.integrity")
 _MAX_MESSAGE = 1 << 20
 _READY_TIMEOUT_S = 300.0  # the server's imports, on a machine whose every core is busy compiling
+# the server's command line; not `-m` this module, which the package's own imports load first (runpy warns), and
+# with faulthandler, so a crash leaves its C-level stack in the server's log
+_SERVE = [sys.executable, "-X", "faulthandler", "-c",
+          "import sys; from dice_kernels.harness.forkserver import serve; serve(int(sys.argv[1]))"]
 
 
 class ForkServerDown(RuntimeError):
@@ -73,7 +79,7 @@ def _become_worker(sock: socket.socket, request: dict, fds: list[int], ready_w: 
         import tempfile
 
         tempfile.tempdir = None  # computed again from this worker's TMPDIR
-        sys.path[0] = request["cwd"]  # where `python -m` puts its working directory
+        sys.path[0] = request["cwd"]  # where `python -m dice_kernels.harness.worker` puts its working directory
         sys.argv = [sys.modules["dice_kernels.harness.worker"].__file__]
         os.close(ready_w)
         sys.modules["dice_kernels.harness.worker"].main()  # ends with os._exit
@@ -89,8 +95,10 @@ def serve(fd: int) -> None:
             __import__(name)
         import torch
 
-        if torch.cuda.is_initialized() or _threads() != 1:
-            raise ForkServerDown(f"cannot fork safely: CUDA initialised or {_threads()} threads after the imports")
+        if torch.cuda.is_initialized():
+            raise ForkServerDown("cannot fork safely: the imports initialised CUDA")
+        if _threads() != 1:  # e.g. a thread the CUDA driver starts: locks it holds would stay held in every fork
+            raise ForkServerDown(f"cannot fork safely: {_threads()} threads after the imports")
     except BaseException as e:  # noqa: BLE001 - said to the parent, which starts its workers itself
         _send(sock, {"error": f"{type(e).__name__}: {e}"})
         return
@@ -150,12 +158,12 @@ class ForkedProcess:
 class ForkServer:
     """The parent's handle on one fork server: `spawn` asks it for a worker, a thread collects exit statuses."""
 
-    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str]):
+    def __init__(self, *, cwd: Path, env: dict[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cwd.mkdir(parents=True, exist_ok=True)
         self._log = cwd / "forkserver.log"
         with open(self._log, "ab") as log:
-            self._proc = subprocess.Popen([*argv, str(theirs.fileno())], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            self._proc = subprocess.Popen([*_SERVE, str(theirs.fileno())], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=log, pass_fds=(theirs.fileno(),),
                                           start_new_session=True)
         theirs.close()
@@ -166,8 +174,11 @@ class ForkServer:
         self._exits: dict[int, int] = {}
         self._live: set[int] = set()
         self.down: str | None = None  # why it cannot fork, once it cannot
+        self._serving = False  # from its first answer on: a refusal to start is the caller's to report
+        self._closing = False
         threading.Thread(target=self._listen, daemon=True).start()
         self._expect("ready", _READY_TIMEOUT_S)
+        self._serving = True
 
     def _listen(self) -> None:
         while True:
@@ -178,6 +189,7 @@ class ForkServer:
             with self._state:
                 if not data:
                     self._lost()
+                    self._state.notify_all()
                     return
                 message = json.loads(data)
                 if "exited" in message:
@@ -196,12 +208,15 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 code = None
             self.down = f"the fork server exited ({code}): {self._log_tail()}"
+            if self._serving and not self._closing:
+                print(f"dice-kernels: workers start without the fork server from now on: {self.down}",
+                      file=sys.stderr, flush=True)
         for pid in self._live:
             try:
-                os.killpg(pid, 9)
+                os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            self._exits[pid] = -9
+            self._exits[pid] = -signal.SIGKILL
         self._live.clear()
 
     def _log_tail(self, lines: int = 5) -> str:
@@ -258,6 +273,7 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the server (its workers are the caller's to end first)."""
+        self._closing = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -269,6 +285,3 @@ class ForkServer:
             self._proc.wait()
         self._sock.close()
 
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))

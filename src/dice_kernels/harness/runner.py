@@ -46,7 +46,6 @@ from dice_kernels.harness.timing import (Ceilings, TimingSamples, effective_time
 from dice_kernels.tasks import Task
 
 _WORKER = "dice_kernels.harness.worker"
-_FORK_SERVER = "dice_kernels.harness.forkserver"
 
 
 @dataclass(frozen=True)
@@ -245,13 +244,12 @@ class Evaluator:
 
     def _fork_server(self) -> ForkServer | None:
         """The fork server (EvalConfig.fork_workers), started on first use; None where it is off or failed to
-        start (then every worker imports torch itself, as before, and the report's `fork_server` says why)."""
+        start (then every worker imports torch itself, as before, and stderr and `fork_server_down` say why)."""
         with self._forks_lock:
             if self.config.fork_workers and self._forks is None and self.fork_server_down is None:
                 home = self.scratch / "forkserver"
                 try:
-                    self._forks = ForkServer([sys.executable, "-X", "faulthandler", "-m", _FORK_SERVER], cwd=home,
-                                             env=self._worker_env(home))
+                    self._forks = ForkServer(cwd=home, env=self._worker_env(home))
                 except (ForkServerDown, OSError) as e:
                     self.fork_server_down = str(e)
                     print(f"dice-kernels: workers start without the fork server: {e}", file=sys.stderr, flush=True)

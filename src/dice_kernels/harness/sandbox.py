@@ -3,8 +3,9 @@
 The worker (our code) calls `confine()` first thing: resource limits, a private network namespace and a
 Landlock ruleset that allows writes only inside its own directories and forbids signalling or ptracing
 anything outside. The parent starts workers with `start()` (a scrubbed environment, a new session so the
-whole process group can be killed, a private output pipe), possibly ahead of their job, and runs each with
-`supervise()`: the job path on stdin, a wall-clock deadline, a host-memory watchdog and capped output capture.
+whole process group can be killed, a private output pipe; forked by forkserver.py or run as an interpreter),
+possibly ahead of their job, and runs each with `supervise()`: the job path on stdin, a wall-clock deadline,
+a host-memory watchdog and capped output capture.
 """
 
 from __future__ import annotations
