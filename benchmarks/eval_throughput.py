@@ -64,10 +64,11 @@ per build, so its eval phase reuses every library it pre-compiled; `--kb-reuse-p
 KernelBench's pool of reused processes, in which torch's extension versioning made the eval phase build 2-3
 pre-compiled programs again in every H200 run up to the twelfth session (`kernelbench_style.py`).
 "Where the time goes" sums per-phase seconds over candidates (ours: `EvalResult.extra["phase_s"]` of each
-evaluated program, duplicates skipped, a dotted key such as run.trials being part of the key before the dot, plus the one-off precompiled-header build;
-KernelBench-style: per-process phases of the eval phase plus the pre-compile builds); work runs in parallel, so
-these are worker-seconds, not wall time. Each of our runs also records the machine's CPU use every 0.5 s (`cpu`:
-the busy share of all cores and the compiler processes running), printed in 5 s buckets: where the cores idle.
+evaluated program, duplicates skipped, a dotted key such as run.trials being part of the key before the dot,
+plus the one-off precompiled-header build; KernelBench-style: per-process phases of the eval phase plus the
+pre-compile builds); work runs in parallel, so these are worker-seconds, not wall time. Each of our runs also
+records the machine's CPU use every 0.5 s (`cpu`: the busy share of all cores and the compiler processes
+running), printed in 5 s buckets: where the cores idle.
 """
 
 from __future__ import annotations

@@ -97,8 +97,9 @@ def serve(fd: int) -> None:
 
         if torch.cuda.is_initialized():
             raise ForkServerDown("cannot fork safely: the imports initialised CUDA")
-        if _threads() != 1:  # e.g. a thread the CUDA driver starts: locks it holds would stay held in every fork
-            raise ForkServerDown(f"cannot fork safely: {_threads()} threads after the imports")
+        threads = _threads()
+        if threads != 1:  # e.g. a thread the CUDA driver starts: locks it holds would stay held in every fork
+            raise ForkServerDown(f"cannot fork safely: {threads} threads after the imports")
     except BaseException as e:  # noqa: BLE001 - said to the parent, which starts its workers itself
         _send(sock, {"error": f"{type(e).__name__}: {e}"})
         return

@@ -232,12 +232,12 @@ def start(argv: list[str], *, cwd: Path, env: dict[str, str], nice: int = 0,
     server forks it (its imports already done) unless that server is down; otherwise `argv` is run."""
     pipe_r, pipe_w = os.pipe()  # non-inheritable: only this child gets it, through pass_fds
     try:
-        proc = None
+        proc: subprocess.Popen | ForkedProcess | None = None
         if forks is not None and not forks.down:
             try:
                 proc = forks.spawn(cwd=cwd, env=env, nice=nice, output_fd_env=OUTPUT_FD_ENV, output_w=pipe_w)
-            except ForkServerDown:
-                proc = None
+            except ForkServerDown:  # gone since it was asked: this worker starts as an interpreter
+                pass
         if proc is None:
             proc = subprocess.Popen(argv, cwd=cwd, env={**env, OUTPUT_FD_ENV: str(pipe_w)}, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
