@@ -287,7 +287,8 @@ def _row(r: EvalResult) -> dict:
     return {"id": r.candidate_id, "outcome": r.outcome.value, "deceptive_kind": r.deceptive_kind,
             "error": r.error[:300], "wall_s": r.wall_s, "compile_s": r.compile_s,
             "phase_s": r.extra.get("phase_s"), "duplicate_of": r.extra.get("duplicate_of"),
-            "build_cache_hit": r.extra.get("build_cache_hit"), "build_shortcuts": r.extra.get("build_shortcuts")}
+            "build_cache_hit": r.extra.get("build_cache_hit"), "build_shortcuts": r.extra.get("build_shortcuts"),
+            "timeline_s": r.extra.get("timeline_s")}
 
 
 class CpuTrace:
@@ -587,12 +588,18 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "src")),
             "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": os.cpu_count(),
-            "jobs": args.jobs, "fast_build": args.fast_build, "fork_workers": args.fork_workers, "seed": args.seed}
+            "jobs": args.jobs, "build_jobs": ours_build_jobs(args), "run_workers": args.run_workers,
+            "fast_build": args.fast_build, "fork_workers": args.fork_workers, "seed": args.seed}
+
+
+def ours_build_jobs(args: argparse.Namespace) -> int:
+    return args.build_jobs or args.jobs
 
 
 def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
-    return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=args.jobs,
-                      fast_build=args.fast_build, fork_workers=args.fork_workers, cache_dir=cache_dir)
+    return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=ours_build_jobs(args),
+                      run_workers=args.run_workers, fast_build=args.fast_build, fork_workers=args.fork_workers,
+                      cache_dir=cache_dir)
 
 
 def _cold_dir(given: Path | None) -> Path:
@@ -680,6 +687,10 @@ def main() -> None:
                     help="the KernelBench-style evaluator sees the first N candidates (default 2 tasks; smoke: all)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="cores for compiles: KernelBench's pre-compile pool size, and ours (EvalConfig.jobs)")
+    ap.add_argument("--build-jobs", type=int, default=0,
+                    help="ours: builds in flight (EvalConfig.jobs) when not --jobs")
+    ap.add_argument("--run-workers", type=int, default=0,
+                    help="ours: concurrent run workers (EvalConfig.run_workers; 0: its default)")
     ap.add_argument("--fast-build", action=argparse.BooleanOptionalAction, default=True,
                     help="ours: the build shortcuts (EvalConfig.fast_build); --no-fast-build compiles as load_inline does")
     ap.add_argument("--fork-workers", action=argparse.BooleanOptionalAction, default=True,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import (PchPlan, announce_pch, build_pch, declarations_only, lean_aten_headers,
-                                              light_cuda_sources, light_extension_header, normalize_cflags, pch_file,
-                                              pch_variants, pch_wait_environment, plan_pch, planned_pch, read_pch_wait,
-                                              reporting_nvcc)
+from dice_kernels.harness.build_speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, declarations_only,
+                                              lean_aten_headers, light_cuda_sources, light_extension_header,
+                                              normalize_cflags, pch_file, pch_variants, pch_wait_environment, plan_pch,
+                                              planned_pch, read_pch_wait, reporting_nvcc)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -233,6 +233,26 @@ def test_a_failed_header_build_releases_the_waiting_compiles(tmp_path):
     assert not plan.building.exists()
     assert compile_.wait(timeout=60) == 0 and read_pch_wait(tmp_path / "build")["found"] is False
     assert pch_wait_environment(str(plan.root), compiler) is None  # nobody builds it: nothing to wait for
+
+
+def test_a_spare_time_header_compiles_at_its_niceness(tmp_path):
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base >= 19:
+        pytest.skip("this process already runs at the lowest priority")
+    # the "compiler" records its niceness and writes the header: build_pch runs it as `command header -o out`
+    record = ["sh", "-c", 'cut -d" " -f19 /proc/self/stat > "$0.nice"; : > "$2"']
+    plans = [PchPlan((), tmp_path / "pch" / name, record, tmp_path / name, nice=nice)
+             for name, nice in (("first", 0), ("spare", SPARE_TIME_NICE))]
+    assert len(build_pch(plans)) == 1  # both published; planned_pch names one per variant
+    assert all(p.ready for p in plans)
+    assert int((tmp_path / "first.nice").read_text()) == base
+    assert int((tmp_path / "spare.nice").read_text()) == min(19, base + SPARE_TIME_NICE)
+
+
+def test_with_the_light_header_torchs_own_is_planned_for_spare_time(tmp_path):
+    plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
+    assert sorted((p.light is None, p.nice) for p in plans) == [(False, 0), (True, SPARE_TIME_NICE)]
+    assert [p.nice for p in plan_pch(tmp_path / "cache", with_cuda=False, variants=((),))] == [0]
 
 
 def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):

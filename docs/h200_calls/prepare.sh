@@ -8,3 +8,7 @@ cp docs/h200_calls/*.sh .devcarry/
 cp ../shared/data/corpora/dice_infill_eval_99.json .devcarry/shared/data/corpora/
 cp -r ../shared/data/kernelbench .devcarry/shared/data/
 git rev-parse --short HEAD > .devcarry/commit.txt
+if [ -n "${OLD:-}" ]; then  # call_ab.sh's baseline: that commit's package and benchmarks
+  rm -rf .devcarry/old && mkdir -p .devcarry/old
+  git archive "$OLD" src benchmarks | tar -x -C .devcarry/old
+fi

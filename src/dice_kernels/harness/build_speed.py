@@ -43,6 +43,10 @@ PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
 # the longest a compile waits for a header being built (25-36 s of one core on the H200 machines); after that
 # it goes on without
 PCH_WAIT_S = 120
+# where the light header serves the first attempts, torch's own serves only fallbacks (C++ units that are not
+# declarations only, the candidate's own sources after a failed lighter attempt): it is built at this niceness,
+# in the time the cores have to spare, instead of taking a core from the batch's first builds for half a minute
+SPARE_TIME_NICE = 19
 
 # The compiler a build worker gives torch (as CXX) while a header it could use is being built: a compile (`-c`)
 # waits until the header is published, its build is over, its CUDA unit has failed or PCH_WAIT_S have passed,
@@ -215,6 +219,7 @@ class PchPlan:
     command: list[str]  # without its input and output
     header: Path  # torch's own extension.h
     light: str | None = None  # the light header's text (`light_extension_header`); None: torch's own header
+    nice: int = 0  # how much nicer than this process its compiler runs
 
     @property
     def ready(self) -> bool:
@@ -250,7 +255,7 @@ def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
 
 def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False) -> list[PchPlan]:
     """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out), and
-    with `light`, one more per variant for the light header."""
+    with `light`, one more per variant for the light header (torch's own is then built at SPARE_TIME_NICE)."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
@@ -269,7 +274,8 @@ def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: boo
         for text in texts:
             key = hashlib.sha256(json.dumps([command, compiler, torch.__version__, header.stat().st_mtime_ns,
                                              text]).encode()).hexdigest()[:24]
-            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header, text))
+            nice = SPARE_TIME_NICE if len(texts) > 1 and text is None else 0
+            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header, text, nice))
     return plans
 
 
@@ -373,7 +379,8 @@ def _build_pch(plan: PchPlan) -> None:
         else:
             source.write_text(plan.light)
         command = [*plan.command, str(plan.header if plan.light is None else source)]
-        subprocess.run([*command, "-o", str(pch_file(staging))], check=True, capture_output=True, timeout=900)
+        niced = ["nice", "-n", str(plan.nice)] if plan.nice else []  # the compiler the driver starts inherits it
+        subprocess.run([*niced, *command, "-o", str(pch_file(staging))], check=True, capture_output=True, timeout=900)
         (staging / "command.json").write_text(json.dumps(command))
         os.replace(staging, root)
     except OSError:  # another process published the same header first

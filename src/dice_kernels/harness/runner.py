@@ -114,6 +114,7 @@ class _Build:
     cache_hit: bool = False
     shortcuts: list = field(default_factory=list)  # build_speed savings per extension (worker BuildLog)
     wall_s: float = 0.0  # this run's wall time for the build (near zero on a cache hit)
+    started_s: float = 0.0  # when it started, in seconds since the evaluation began (Evaluator.began)
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Evaluator:
     _forks: ForkServer | None = None  # forkserver.py: workers forked with their imports done
     _forks_lock: threading.Lock = field(default_factory=threading.Lock)
     fork_server_down: str | None = None  # why workers are not forked, when the server failed to start
+    began: float = field(default_factory=time.monotonic)  # the clock the results' `timeline_s` counts from
 
     def __post_init__(self) -> None:
         # shared with every other evaluation on this device (a private one if the shared folder is unsafe)
@@ -334,7 +336,7 @@ class Evaluator:
         """Build (or fetch from the cache) the extensions a candidate compiles at import time."""
         start = time.monotonic()
         b = self._build(code)
-        b.wall_s = time.monotonic() - start
+        b.wall_s, b.started_s = time.monotonic() - start, start - self.began
         return b
 
     def _cache_entry(self, code: str) -> tuple[str, Path]:
@@ -721,6 +723,9 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             r.extra["phase_s"] = {"build": round(b.wall_s, 3),
                                   "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
                                   **r.extra.get("phase_s", {})}
+            # where the pipeline's time goes: when its build ran and when it was done, on the batch's clock
+            r.extra["timeline_s"] = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
+                                     "done": round(time.monotonic() - ev.began, 2)}
         except _Deferred:  # nothing was recorded or released: the pair comes back once another task is done
             bar.phase(cand.id, "waiting for memory")
             refs.wait_for_room()
@@ -735,7 +740,8 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
             record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
                                     "solution_path": dup.path,
                                     # the work was done once, for the row above: its seconds are not counted twice
-                                    "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {}}}))
+                                    "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {},
+                                              "timeline_s": {}}}))
         return None
 
     try:
