@@ -593,7 +593,7 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
 
 
 def ours_build_jobs(args: argparse.Namespace) -> int:
-    return args.build_jobs or args.jobs
+    return args.build_jobs or EvalConfig().jobs
 
 
 def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
@@ -686,9 +686,9 @@ def main() -> None:
     ap.add_argument("--kb-subset", type=int, default=0,
                     help="the KernelBench-style evaluator sees the first N candidates (default 2 tasks; smoke: all)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                    help="cores for compiles: KernelBench's pre-compile pool size, and ours (EvalConfig.jobs)")
+                    help="KernelBench's pre-compile pool size (one process a core, as KernelBench's pool)")
     ap.add_argument("--build-jobs", type=int, default=0,
-                    help="ours: builds in flight (EvalConfig.jobs) when not --jobs")
+                    help="ours: builds in flight (EvalConfig.jobs; 0: its default, 1.25 a core)")
     ap.add_argument("--run-workers", type=int, default=0,
                     help="ours: concurrent run workers (EvalConfig.run_workers; 0: its default)")
     ap.add_argument("--fast-build", action=argparse.BooleanOptionalAction, default=True,

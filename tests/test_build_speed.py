@@ -249,6 +249,40 @@ def test_a_spare_time_header_compiles_at_its_niceness(tmp_path):
     assert int((tmp_path / "spare.nice").read_text()) == min(19, base + SPARE_TIME_NICE)
 
 
+def _gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True  # killed, not reaped yet
+        except (OSError, IndexError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_spare_time_header_is_abandoned_with_its_compiler_when_the_batch_is_over(tmp_path):
+    import threading
+
+    # a "compiler" that starts a child of its own (as the driver starts cc1plus) and takes long
+    slow = ["sh", "-c", 'sleep 60 & echo $! > "$0.pid"; wait; : > "$2"']
+    quick = ["sh", "-c", 'sleep 1; : > "$2"']
+    spare = PchPlan((), tmp_path / "pch" / "spare", slow, tmp_path / "spare", nice=SPARE_TIME_NICE)
+    own = PchPlan(("-O3",), tmp_path / "pch" / "own", quick, tmp_path / "own")
+    announce_pch([spare, own], tmp_path)
+    over, built = threading.Event(), {}
+    thread = threading.Thread(target=lambda: built.update(build_pch([spare, own], abandon=over)))
+    thread.start()
+    while not (tmp_path / "spare.pid").exists() and thread.is_alive():
+        time.sleep(0.05)
+    over.set()  # the batch is over while both are being built: only the spare-time one is left
+    thread.join(timeout=30)
+    assert not thread.is_alive() and built == {'["-O3"]': str(own.root)}
+    assert own.ready and not spare.ready and not spare.building.exists()
+    assert _gone(int((tmp_path / "spare.pid").read_text()))  # the compiler's own child was killed too
+    assert not list((tmp_path / "pch").glob(".spare-*"))  # nothing half-written is left
+
+
 def test_with_the_light_header_torchs_own_is_planned_for_spare_time(tmp_path):
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
     assert sorted((p.light is None, p.nice) for p in plans) == [(False, 0), (True, SPARE_TIME_NICE)]

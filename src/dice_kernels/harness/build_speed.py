@@ -32,8 +32,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,21 +346,48 @@ def read_pch_wait(build_dir: Path) -> dict | None:
         return None
 
 
-def build_pch(plans: list[PchPlan]) -> dict[str, str]:
-    """Build the missing headers (in parallel); returns `ready_pch` after. A header that fails is left out."""
+def build_pch(plans: list[PchPlan], abandon: threading.Event | None = None) -> dict[str, str]:
+    """Build the missing headers (in parallel); returns `ready_pch` after. A header that fails is left out, and so
+    is a spare-time one (`nice` above 0) still being built when `abandon` is set: the batch that planned it is
+    over, and it would only hold that batch's caller for the rest of its build."""
     missing = [p for p in plans if not p.ready]
     with ThreadPoolExecutor(max(1, len(missing))) as pool:
-        list(pool.map(_try_build, missing))
+        list(pool.map(lambda plan: _try_build(plan, abandon if plan.nice > 0 else None), missing))
     return ready_pch(plans)
 
 
-def _try_build(plan: PchPlan) -> None:
+def _try_build(plan: PchPlan, abandon: threading.Event | None) -> None:
     try:
-        _build_pch(plan)
+        _build_pch(plan, abandon)
     except (OSError, subprocess.SubprocessError):
         pass
-    finally:  # published or failed: nobody waits any longer
+    finally:  # published, failed or abandoned: nobody waits any longer
         plan.building.unlink(missing_ok=True)
+
+
+def _run_unless_abandoned(command: list[str], abandon: threading.Event | None, timeout_s: float) -> bool:
+    """Run `command` to success (raises where it fails or times out); False when `abandon` was set first, and then
+    the command and every process it started have been killed."""
+    # its own process group: the compiler driver's children (cc1plus) are killed with it
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise
+                if abandon is not None and abandon.is_set():
+                    return False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, command)
+    return True
 
 
 def _compiler_id(cxx: str) -> str:
@@ -365,7 +395,7 @@ def _compiler_id(cxx: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else cxx
 
 
-def _build_pch(plan: PchPlan) -> None:
+def _build_pch(plan: PchPlan, abandon: threading.Event | None = None) -> None:
     root = plan.root
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
@@ -380,7 +410,8 @@ def _build_pch(plan: PchPlan) -> None:
             source.write_text(plan.light)
         command = [*plan.command, str(plan.header if plan.light is None else source)]
         niced = ["nice", "-n", str(plan.nice)] if plan.nice else []  # the compiler the driver starts inherits it
-        subprocess.run([*niced, *command, "-o", str(pch_file(staging))], check=True, capture_output=True, timeout=900)
+        if not _run_unless_abandoned([*niced, *command, "-o", str(pch_file(staging))], abandon, timeout_s=900):
+            return
         (staging / "command.json").write_text(json.dumps(command))
         os.replace(staging, root)
     except OSError:  # another process published the same header first

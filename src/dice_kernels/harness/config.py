@@ -51,10 +51,14 @@ class EvalConfig:
     # "reuse" a cached one (the reference still runs, untimed, for its outputs) or measure and cache it; "fresh":
     # measure again and replace the cached one; "off": measure, cache nothing
     baselines: str = "reuse"
-    # builds in flight, one a core: more (1.5 a core) made every build slower and the batch 4-6 % slower on the
-    # H200 (docs/benchmarks.md, twelfth session), since a cold batch keeps every core busy until its tail
-    jobs: int = max(1, (os.cpu_count() or 2))
-    run_workers: int = 0  # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 4 on cuda
+    # builds in flight, 1.25 a core: a cold build compiles one unit while its main.cpp waits for the precompiled
+    # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
+    # 20 for 16 cores, and forked workers, a 20-build batch finished 10-20 % sooner on the H200
+    # (docs/benchmarks.md, fifteenth session; before forked workers, 1.5 a core had been 4-6 % slower)
+    jobs: int = max(1, (os.cpu_count() or 2) * 5 // 4)
+    # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 8 on cuda (builds that end together
+    # leave their runs queued behind 4, among them the profiler's start-up, seconds of one core per correct kernel)
+    run_workers: int = 0
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
     warm_workers: int = -1
@@ -134,7 +138,7 @@ class EvalConfig:
     def resolved_run_workers(self, backend: str) -> int:
         if self.run_workers > 0:
             return self.run_workers
-        return 4 if backend == "cuda" else 1
+        return 8 if backend == "cuda" else 1
 
     def resolved_warm_workers(self, backend: str) -> int:
         return self.resolved_run_workers(backend) if self.warm_workers < 0 else self.warm_workers

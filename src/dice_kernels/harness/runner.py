@@ -692,7 +692,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     run_workers = config.resolved_run_workers(backend)
     refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
     uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
-    pch_thread = None
+    pch_thread, batch_over = None, threading.Event()
     if config.fast_build and uncached:
         # the light header serves the lighter CUDA attempts only, so CUDA builds only
         plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached),
@@ -701,7 +701,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         ev.pch_compiler = announce_pch(plans, config.cache_dir)
         if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
             def _build() -> None:
-                build_pch(plans)
+                build_pch(plans, abandon=batch_over)
                 ev.pch_compiler = None
 
             pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
@@ -761,7 +761,10 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     finally:
         bar.close()
         if pch_thread is not None:
-            pch_thread.join()  # a half-written header is never published, but finish it for the next run
+            # a half-written header is never published: the batch's own headers are finished for the next run,
+            # a spare-time one not done yet is left for a run that needs it
+            batch_over.set()
+            pch_thread.join()
         ev.close()
         if store:
             store.close()
