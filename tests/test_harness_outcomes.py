@@ -444,3 +444,41 @@ def test_get_inputs_runs_with_the_device_as_default_and_falls_back_to_the_cpu():
     assert z.device.type == "meta"
     [y] = _generated_inputs(task, SimpleNamespace(inputs_on_device=True, device="cpu"), seed=1)
     assert torch.equal(y, _generated_inputs(task, SimpleNamespace(inputs_on_device=False, device="cpu"), seed=1)[0])
+
+
+def test_a_tasks_reference_runs_while_its_candidates_are_being_built(tmp_path, build_cache, monkeypatch):
+    """The run workers are idle while a cold batch compiles: each task's reference runs then, not after its first
+    candidate's build, and its time is still charged to one candidate (the first whose run it serves)."""
+    import time
+
+    from dice_kernels.harness import runner
+    from dice_kernels.tasks import task_from_code
+
+    clock: dict[str, list[float]] = {"reference": [], "built": []}
+    real_build, real_reference = runner.Evaluator.build, runner.Evaluator.reference
+
+    def slow_build(self, code):
+        time.sleep(4.0)  # a compile, as far as the schedule can tell
+        try:
+            return real_build(self, code)
+        finally:
+            clock["built"].append(time.monotonic())
+
+    def timed_reference(self, task, *args, **kwargs):
+        clock["reference"].append(time.monotonic())
+        return real_reference(self, task, *args, **kwargs)
+
+    monkeypatch.setattr(runner.Evaluator, "build", slow_build)
+    monkeypatch.setattr(runner.Evaluator, "reference", timed_reference)
+    task = task_from_code(BIG_OUTPUT_TASK.replace("torch.randn(64, 1 << 20)", "torch.randn(4, 256)"), id="t/1",
+                          name="t")
+    new = BIG_OUTPUT_TASK.replace("class Model", "class ModelNew")
+    pairs = [(task, candidate_from_text(body, id=f"c{k}"))
+             for k, body in enumerate((new, new.replace("x * 2.0", "x + x")))]
+    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing=False, robust=False, fast_build=False,
+                        cache_dir=build_cache)
+    results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
+    assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]
+    assert len(clock["reference"]) == 1 and clock["reference"][0] < min(clock["built"])
+    charged = [r.extra["phase_s"]["reference"] for r in results]
+    assert sorted(c > 0 for c in charged) == [False, True], charged

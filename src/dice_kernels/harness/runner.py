@@ -585,17 +585,20 @@ class _References:
     def __init__(self, ev: "Evaluator", users: dict[str, int], ledger: OutputLedger, in_flight: int):
         self._ev, self._users, self._ledger, self._in_flight = ev, dict(users), ledger, in_flight
         self._refs: dict[str, _Reference] = {}
+        self._charged: set[str] = set()  # tasks whose reference time a candidate's result carries
         self._locks: dict[str, threading.Lock] = {t: threading.Lock() for t in users}
         self._guard = threading.Lock()
         self._need: dict[str, int] = {}  # deferred tasks: bytes to reserve before their reference runs again
         self._deferred_at: dict[str, float] = {}
 
-    def get(self, task: Task) -> tuple[_Reference, bool]:
-        """The task's reference, and whether this call computed it (its time is charged to one candidate). Raises
-        _Deferred while the task's outputs do not fit beside other tasks'."""
+    def get(self, task: Task, ahead: bool = False) -> tuple[_Reference, bool]:
+        """The task's reference, and whether its time is charged to this call (one candidate's: not a call `ahead` of
+        the candidates, `prefetch`). Raises _Deferred while the task's outputs do not fit beside other tasks'."""
         with self._locks[task.id]:
             if task.id in self._refs:
-                return self._refs[task.id], False
+                charge = not ahead and task.id not in self._charged
+                self._charged.update([task.id] if charge else [])
+                return self._refs[task.id], charge
             need = self._need.get(task.id)
             if need is not None and not self._ledger.reserve(task.id, need):
                 raise _Deferred
@@ -609,7 +612,17 @@ class _References:
             if ref.outputs is None:
                 self._ledger.release(task.id)
             self._refs[task.id] = ref
-            return ref, True
+            self._charged.update([] if ahead else [task.id])
+            return ref, not ahead
+
+    def prefetch(self, task: Task) -> None:
+        """Compute the task's reference while its candidates are still being built: the run workers and the GPU
+        are idle then, and the task's first candidate would otherwise wait for it after its build. A task whose
+        outputs do not fit yet is left for its candidates (`get`)."""
+        try:
+            self.get(task, ahead=True)
+        except _Deferred:
+            pass
 
     def _admit(self, task: Task) -> Callable[[int], None]:
         """What the reference's first frame must pass: its task's peak need reserved (once, retries included)."""
@@ -752,6 +765,9 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                 sha = pairs[i][1].sha256
                 if sha not in builds:
                     builds[sha] = build_pool.submit(ev.build, pairs[i][1].code)
+            # references first: their candidates' process() calls take run threads while they wait for builds
+            for task in {pairs[i][0].id: pairs[i][0] for i in todo}.values():
+                run_pool.submit(refs.prefetch, task)
             pending = {run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo}
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
