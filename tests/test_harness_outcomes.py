@@ -482,3 +482,38 @@ def test_a_tasks_reference_runs_while_its_candidates_are_being_built(tmp_path, b
     assert len(clock["reference"]) == 1 and clock["reference"][0] < min(clock["built"])
     charged = [r.extra["phase_s"]["reference"] for r in results]
     assert sorted(c > 0 for c in charged) == [False, True], charged
+
+
+def test_a_candidate_runs_once_its_own_build_is_done_not_after_those_submitted_before_it(tmp_path, build_cache,
+                                                                                          monkeypatch):
+    """One run worker, and the first candidate's build takes seconds longer than the second's: the second is run
+    while the first still builds (a run thread that waited for the first build held the second back)."""
+    import time
+
+    from dice_kernels.harness import runner
+    from dice_kernels.tasks import task_from_code
+
+    real_build = runner.Evaluator.build
+    built_at: dict[str, float] = {}
+
+    def build(self, code):
+        if "SLOW_BUILD" in code:
+            time.sleep(8.0)
+        try:
+            return real_build(self, code)
+        finally:
+            built_at["slow" if "SLOW_BUILD" in code else "fast"] = time.monotonic()
+
+    monkeypatch.setattr(runner.Evaluator, "build", build)
+    task = task_from_code(BIG_OUTPUT_TASK.replace("torch.randn(64, 1 << 20)", "torch.randn(4, 256)"), id="t/1",
+                          name="t")
+    new = BIG_OUTPUT_TASK.replace("class Model", "class ModelNew")
+    pairs = [(task, candidate_from_text("SLOW_BUILD = True\n" + new, id="slow")),
+             (task, candidate_from_text(new, id="fast"))]
+    done_at: dict[str, float] = {}
+    config = EvalConfig(backend="cpu", jobs=2, run_workers=1, trials=2, timing=False, robust=False,
+                        fast_build=False, cache_dir=build_cache)
+    results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False,
+                       on_result=lambda r: done_at.setdefault(r.candidate_id, time.monotonic()))
+    assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]
+    assert done_at["fast"] < built_at["slow"] < done_at["slow"]

@@ -722,12 +722,16 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     if todo:  # after the header's build started: starting the fork server waits for its imports
         ev.warm_up(builds=len(uncached))
 
+    def build_for(i: int) -> _Build:
+        bar.phase(pairs[i][1].id, "build")
+        return ev.build(pairs[i][1].code)
+
     def process(i: int, build: Future) -> int | None:
-        """Evaluate pair i and record it; returns i when its task must wait for memory (the caller requeues it)."""
+        """Evaluate pair i, whose build is done, and record it; returns i when its task must wait for memory (the
+        caller requeues it)."""
         task, cand = pairs[i]
-        start = time.monotonic()
+        start, b = time.monotonic(), None
         try:
-            bar.phase(cand.id, "build")
             b = build.result()
             bar.phase(cand.id, "reference")
             ref, computed = refs.get(task) if b.ok else (None, False)
@@ -746,7 +750,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
             r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
         refs.release(task)
-        r.wall_s = time.monotonic() - start
+        r.wall_s = time.monotonic() - start + (b.wall_s if b is not None else 0.0)  # its build, then the rest
         record(i, r)
         for j in duplicates.get(i, []):
             dup = pairs[j][1]
@@ -761,19 +765,29 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
         with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
                 ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
             builds: dict[str, Future] = {}
-            for i in todo:  # submitted in task order, so builds run ahead of the runs that need them
+            users_of: dict[Future, list[int]] = {}  # a build -> the pairs that wait for it
+            for i in todo:  # submitted in task order
                 sha = pairs[i][1].sha256
                 if sha not in builds:
-                    builds[sha] = build_pool.submit(ev.build, pairs[i][1].code)
-            # references first: their candidates' process() calls take run threads while they wait for builds
+                    builds[sha] = build_pool.submit(build_for, i)
+                users_of.setdefault(builds[sha], []).append(i)
+            # each task's reference runs while its candidates build: the run workers and the GPU are idle then
             for task in {pairs[i][0].id: pairs[i][0] for i in todo}.values():
                 run_pool.submit(refs.prefetch, task)
-            pending = {run_pool.submit(process, i, builds[pairs[i][1].sha256]) for i in todo}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            # a pair goes to the run pool once its build is done, in the order builds end: a run thread never
+            # waits for a build while another pair's build is ready
+            building, pending = set(users_of), set()
+            while building or pending:
+                finished, _ = wait(building | pending, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    if (again := f.result()) is not None:  # to the back of the queue: holders finish first
+                    if f in building:
+                        building.discard(f)
+                        pending.update(run_pool.submit(process, i, f) for i in users_of[f])
+                    elif (again := f.result()) is not None:  # to the back of the queue: holders finish first
+                        pending.discard(f)
                         pending.add(run_pool.submit(process, again, builds[pairs[again][1].sha256]))
+                    else:
+                        pending.discard(f)
     finally:
         bar.close()
         if pch_thread is not None:
