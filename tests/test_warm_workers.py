@@ -68,6 +68,16 @@ def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     assert refill.proc.poll() is not None
 
 
+def test_run_workers_default_to_what_the_device_holds():
+    config = EvalConfig()
+    assert config.resolved_run_workers("cpu", 0.0) == 1
+    assert config.resolved_run_workers("cuda", 23.6) == 4  # a 24 GB card keeps the old default
+    assert config.resolved_run_workers("cuda", 79.6) == 4
+    assert config.resolved_run_workers("cuda", 140.4) == 8  # an H200
+    assert config.resolved_warm_workers("cuda", 140.4) == 8
+    assert EvalConfig(run_workers=3).resolved_run_workers("cuda", 140.4) == 3
+
+
 def test_a_negative_build_pool_is_refused():
     with pytest.raises(ValueError, match="warm_build_workers must be 0"):
         EvalConfig(backend="cpu", warm_build_workers=-1).check()

@@ -68,7 +68,7 @@ def eval_cmd(
     fast_build: bool = typer.Option(True, "--fast-build/--no-fast-build", help="Precompile torch/extension.h for C++ units and try CUDA units without it first (falls back to the candidate's own sources; docs/harness.md)."),
     robust: bool = typer.Option(True, "--robust/--no-robust", help="Run the robust check: correct candidates caught by an integrity check become `deceptive` (docs/robust_check.md)."),
     allow_op: list[str] = typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list)."),
-    run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu, 8 on cuda."),
+    run_workers: int = typer.Option(0, "--run-workers", help="Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu; on cuda 4, or 8 on a GPU with 128 GiB or more."),
     warm_workers: int = typer.Option(-1, "--warm-workers", help="Worker processes started ahead of their job (each still runs one job); -1: as many as run workers, 0: none."),
     warm_build_workers: int = typer.Option(4, "--warm-build-workers", help="Build workers started ahead of their job likewise, for the builds after the first --jobs; 0: none."),
     fork_workers: bool = typer.Option(True, "--fork-workers/--no-fork-workers", help="Fork each worker from a process that imported torch once, instead of starting an interpreter that imports it (each is still a fresh process; docs/harness.md)."),

@@ -17,6 +17,7 @@ def default_cache_dir() -> Path:
 
 SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # EvalConfig.speed_of_light
 BASELINE_MODES = ("reuse", "fresh", "off")  # EvalConfig.baselines
+BIG_GPU_GIB = 128  # a GPU with this much memory or more (an H200: 140) gets 8 run workers by default, others 4
 
 
 @dataclass
@@ -56,8 +57,10 @@ class EvalConfig:
     # 20 for 16 cores, and forked workers, a 20-build batch finished 10-20 % sooner on the H200
     # (docs/benchmarks.md, fifteenth session; before forked workers, 1.5 a core had been 4-6 % slower)
     jobs: int = max(1, (os.cpu_count() or 2) * 5 // 4)
-    # concurrent run workers (timing is still one at a time); 0: 1 on cpu, 8 on cuda (builds that end together
-    # leave their runs queued behind 4, among them the profiler's start-up, seconds of one core per correct kernel)
+    # concurrent run workers (timing is still one at a time); 0: 1 on cpu; on cuda 4, or 8 on a GPU of
+    # BIG_GPU_GIB or more (builds that end together leave their runs queued behind 4, among them the profiler's
+    # start-up, seconds of one core per correct kernel; each worker holds its task's tensors on the GPU, so
+    # smaller GPUs keep 4)
     run_workers: int = 0
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
@@ -135,13 +138,15 @@ class EvalConfig:
         """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
         return max(self.run_timeout_s, self.run_timeout_reference_factor * reference_wall_s)
 
-    def resolved_run_workers(self, backend: str) -> int:
+    def resolved_run_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
         if self.run_workers > 0:
             return self.run_workers
-        return 8 if backend == "cuda" else 1
+        if backend != "cuda":
+            return 1
+        return 8 if gpu_memory_gib >= BIG_GPU_GIB else 4
 
-    def resolved_warm_workers(self, backend: str) -> int:
-        return self.resolved_run_workers(backend) if self.warm_workers < 0 else self.warm_workers
+    def resolved_warm_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
+        return self.resolved_run_workers(backend, gpu_memory_gib) if self.warm_workers < 0 else self.warm_workers
 
     def timing_plan(self, lead_ms: float | None = None) -> dict:
         """The `timing.TimingPlan` fields every run worker times with; a candidate gets its reference's GPU lead

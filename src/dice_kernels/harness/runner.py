@@ -56,12 +56,13 @@ class Platform:
     hardware: str
     cuda_arch: str  # "9.0" on an H200; "" on the CPU backend
     torch_version: str
+    gpu_memory_gib: float = 0.0  # the GPU's memory (how many run workers it holds at once); 0 on the CPU backend
 
     @classmethod
     def detect(cls, backend: str) -> "Platform":
         if backend == "cuda":
-            name, arch = _gpu_name_and_arch()
-            return cls("cuda", name, arch, torch.__version__)
+            name, arch, memory_gib = _gpu_name_arch_memory()
+            return cls("cuda", name, arch, torch.__version__, memory_gib)
         return cls("cpu", _cpu_name(), "", torch.__version__)
 
 
@@ -78,18 +79,19 @@ def device_lock_key(platform: Platform) -> str:
     return "cuda-" + re.sub(r"[^A-Za-z0-9_.-]", "_", _first_visible_gpu())
 
 
-def _gpu_name_and_arch() -> tuple[str, str]:
+def _gpu_name_arch_memory() -> tuple[str, str, float]:
     # the GPU the workers will see first, named as nvidia-smi -i takes it; nvidia-smi keeps the parent free of a
     # CUDA context
     try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader",
-                               "-i", _first_visible_gpu()],
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total",
+                               "--format=csv,noheader,nounits", "-i", _first_visible_gpu()],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-        name, cap = (s.strip() for s in line.split(","))
-        return name, cap
+        name, cap, mib = (s.strip() for s in line.rsplit(",", 2))
+        return name, cap, round(float(mib) / 1024, 1)
     except (OSError, subprocess.SubprocessError, ValueError):
         major, minor = torch.cuda.get_device_capability(0)
-        return torch.cuda.get_device_name(0), f"{major}.{minor}"
+        memory = torch.cuda.get_device_properties(0).total_memory
+        return torch.cuda.get_device_name(0), f"{major}.{minor}", round(memory / (1 << 30), 1)
 
 
 def _cpu_name() -> str:
@@ -212,7 +214,7 @@ class Evaluator:
     def warm_up(self, builds: int = 0) -> None:
         """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and of build
         workers (EvalConfig.warm_build_workers), as many as `builds` to come leave for after the first `jobs`."""
-        wanted = {"run": self.config.resolved_warm_workers(self.platform.backend),
+        wanted = {"run": self.config.resolved_warm_workers(self.platform.backend, self.platform.gpu_memory_gib),
                   "build": min(self.config.warm_build_workers, max(0, builds - self.config.jobs))}
         with self._ready_lock:
             for mode, n in wanted.items():
@@ -702,7 +704,7 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
     users: dict[str, int] = {}
     for i in todo:
         users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
-    run_workers = config.resolved_run_workers(backend)
+    run_workers = config.resolved_run_workers(backend, plat.gpu_memory_gib)
     refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
     uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
     pch_thread, batch_over = None, threading.Event()
