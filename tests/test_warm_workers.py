@@ -4,6 +4,7 @@ build workers come from their own pool, at a lower CPU priority; a batch has as 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -96,3 +97,14 @@ def test_a_batch_builds_up_to_jobs_at_once(tmp_path, jobs):
                        on_result=lambda r: seen.append(sum(t.name.startswith("build") for t in threading.enumerate())))
     assert [r.outcome.value for r in results] == ["python_error"] * 3
     assert max(seen) == jobs
+
+
+@pytest.mark.parametrize("memory, gib", [("143771", 140.4), ("[N/A]", 0.0)])
+def test_the_gpu_is_read_from_nvidia_smi(tmp_path, monkeypatch, memory, gib):
+    from dice_kernels.harness import runner
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho 'NVIDIA H200, 9.0, {memory}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert runner._gpu_name_arch_memory() == ("NVIDIA H200", "9.0", gib)

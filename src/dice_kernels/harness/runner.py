@@ -87,7 +87,8 @@ def _gpu_name_arch_memory() -> tuple[str, str, float]:
                                "--format=csv,noheader,nounits", "-i", _first_visible_gpu()],
                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
         name, cap, mib = (s.strip() for s in line.rsplit(",", 2))
-        return name, cap, round(float(mib) / 1024, 1)
+        # "[N/A]" where the driver does not say (MIG instances): counted as a small GPU
+        return name, cap, round(float(mib) / 1024, 1) if mib.replace(".", "", 1).isdigit() else 0.0
     except (OSError, subprocess.SubprocessError, ValueError):
         major, minor = torch.cuda.get_device_capability(0)
         memory = torch.cuda.get_device_properties(0).total_memory
