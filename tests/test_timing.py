@@ -47,8 +47,10 @@ def test_stops_at_max_time():
 
 
 def test_respects_min_iters_and_min_time_before_converging():
-    # target_rel_ci=10 is met from the start, so only the minimums can hold the loop
-    plan = T.TimingPlan(warmup=0, min_iters=50, max_iters=10_000, min_time_s=0.2, max_time_s=5.0, target_rel_ci=10.0)
+    # target_rel_ci=10 is met from the start, so only the minimums can hold the loop; max_iters is out of reach
+    # (10,000 calls of ~20 us had ended before 0.2 s on a quiet CI machine, and the loop stopped at max_iters)
+    plan = T.TimingPlan(warmup=0, min_iters=50, max_iters=10_000_000, min_time_s=0.2, max_time_s=5.0,
+                        target_rel_ci=10.0)
     s = T.time_calls(lambda x: x * 2, [[torch.ones(4)]], plan, "cpu", _flush())
     assert s.stop_reason == "converged"
     assert len(s.times_ms) >= 50 and s.total_s >= 0.2
