@@ -598,25 +598,28 @@ class _References:
         """The task's reference, and whether its time is charged to this call (one candidate's: not a call `ahead` of
         the candidates, `prefetch`). Raises _Deferred while the task's outputs do not fit beside other tasks'."""
         with self._locks[task.id]:
-            if task.id in self._refs:
-                charge = not ahead and task.id not in self._charged
-                self._charged.update([task.id] if charge else [])
-                return self._refs[task.id], charge
-            need = self._need.get(task.id)
-            if need is not None and not self._ledger.reserve(task.id, need):
-                raise _Deferred
-            ref = self._ev.reference(task, admit=self._admit(task) if need is None else None)
-            if ref.deferred_need:
-                self._need[task.id] = ref.deferred_need
-                self._deferred_at[task.id] = time.monotonic()
-                raise _Deferred
-            if task.id in self._deferred_at:
-                ref.waited_for_memory_s = time.monotonic() - self._deferred_at.pop(task.id)
-            if ref.outputs is None:
-                self._ledger.release(task.id)
-            self._refs[task.id] = ref
-            self._charged.update([] if ahead else [task.id])
-            return ref, not ahead
+            if task.id not in self._refs:
+                self._refs[task.id] = self._compute(task)
+            charge = not ahead and task.id not in self._charged
+            if charge:
+                self._charged.add(task.id)
+            return self._refs[task.id], charge
+
+    def _compute(self, task: Task) -> _Reference:
+        """Run the task's reference (its lock held); raises _Deferred while its outputs do not fit."""
+        need = self._need.get(task.id)
+        if need is not None and not self._ledger.reserve(task.id, need):
+            raise _Deferred
+        ref = self._ev.reference(task, admit=self._admit(task) if need is None else None)
+        if ref.deferred_need:
+            self._need[task.id] = ref.deferred_need
+            self._deferred_at[task.id] = time.monotonic()
+            raise _Deferred
+        if task.id in self._deferred_at:
+            ref.waited_for_memory_s = time.monotonic() - self._deferred_at.pop(task.id)
+        if ref.outputs is None:
+            self._ledger.release(task.id)
+        return ref
 
     def prefetch(self, task: Task) -> None:
         """Compute the task's reference while its candidates are still being built: the run workers and the GPU
@@ -786,11 +789,10 @@ def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_di
                     if f in building:
                         building.discard(f)
                         pending.update(run_pool.submit(process, i, f) for i in users_of[f])
-                    elif (again := f.result()) is not None:  # to the back of the queue: holders finish first
-                        pending.discard(f)
+                        continue
+                    pending.discard(f)
+                    if (again := f.result()) is not None:  # to the back of the queue: holders finish first
                         pending.add(run_pool.submit(process, again, builds[pairs[again][1].sha256]))
-                    else:
-                        pending.discard(f)
     finally:
         bar.close()
         if pch_thread is not None:
