@@ -374,7 +374,7 @@ def _run_unless_abandoned(command: list[str], abandon: threading.Event | None, t
     try:
         while True:
             try:
-                returncode = proc.wait(timeout=0.5)
+                returncode = proc.wait(timeout=0.1)  # the batch's end waits for this check
                 break
             except subprocess.TimeoutExpired:
                 if time.monotonic() > deadline:

@@ -437,33 +437,29 @@ class Monitor:
         return outputs
 
     def start_profiler(self) -> None:
-        """Pay the profiler's first-session start-up (Kineto and CUPTI, seconds of host work) in an empty session,
-        so `profile_forward` holds the device lock only for the forward it profiles. Called after the timed loop:
-        tracing left initialised must not add launch overhead to timed calls."""
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        """Pay the profiler's first-session start-up (Kineto and CUPTI) in an empty session, so `profile_forward`
+        holds the device lock only for the forward it profiles. Called after the timed loop: a finished session
+        leaves tracing attached, and launches were 5 us slower after one on the H200 (benchmarks/profiler_startup.py)."""
+        with _cuda_profiler():
             pass
 
     def profile_forward(self, model, inputs: list):
         """CUDA: one forward under the profiler (the extension's calls marked as `dice_ext::` ranges); returns the
         profile for `check_gpu_share`, which reads it without the device."""
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, torch.no_grad():
+        with _cuda_profiler() as prof, torch.no_grad():
             self.profiling = self.in_forward = True
             try:
                 model(*inputs)
             finally:
                 self.profiling = self.in_forward = False
-            torch.cuda.synchronize()
+            _device_sync()
         return prof
 
     def check_gpu_share(self, prof) -> None:
         """The extension's kernels must account for a real share of the profiled forward's GPU time."""
         from torch.autograd import DeviceType
 
-        events = prof.events()
+        events = prof.function_events
         # GPU records: kernels, copies, fills (not the GPU-side spans of record_function ranges)
         gpu = [(e.time_range.start, e.time_range.end) for e in events
                if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
@@ -499,6 +495,15 @@ class Monitor:
             self.add(DeceptiveKind.EXTENSION_UNUSED, why)
         order = list(DeceptiveKind)
         return sorted(self._found.values(), key=lambda f: order.index(f.kind))
+
+
+def _cuda_profiler():
+    """A profiler of CPU and CUDA activity: what `torch.profiler.profile(activities=[CPU, CUDA])` builds, minus its
+    `hasattr(torch, "_inductor")`, which imports torch._inductor (and torch._dynamo, sympy, triton) on first use:
+    4-5 s of one core per correct candidate on the H200, nearly all of what was taken for Kineto's start-up."""
+    from torch.autograd.profiler import profile
+
+    return profile(use_cpu=True, use_device="cuda", use_kineto=True)
 
 
 def _same_model(cls: type, ref: type) -> bool:

@@ -42,8 +42,6 @@ MEMORY_ERROR_PATTERNS = re.compile(
     r"unspecified launch failure|CUBLAS_STATUS_ALLOC_FAILED|"
     r"std::bad_alloc|Cannot allocate memory|MemoryError", re.IGNORECASE)
 _MAX_ERROR = 4000
-# how much nicer a build worker's compiles get once its lighter attempt has failed (build_nice is added to it)
-FALLBACK_NICE = 5
 
 
 @dataclass
@@ -143,8 +141,6 @@ def _patch_extension_loaders(job: Job, log: BuildLog, monitor: Monitor | None) -
             start = time.monotonic()
             try:
                 for n, attempt in enumerate(attempts, 1):
-                    if n == 2:  # most often a real compile error confirmed: behind the builds that will run
-                        os.nice(FALLBACK_NICE)
                     attempt.directory.mkdir(parents=True, exist_ok=True)
                     log.shortcuts[-1]["headers"].append(attempt.headers)
                     try:
