@@ -182,10 +182,12 @@ def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
     assert [(a.headers, a.directory.name) for a in cpu] == [("own", "e")]
 
 
-def test_each_attempt_waits_for_its_own_header(tmp_path):
+def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from dice_kernels.harness.worker import BuildLog, _build_attempts
+
+    monkeypatch.setenv("PYTORCH_NVCC", "nvcc")  # the nvcc torch would run, whether or not this machine has one
 
     plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
                      light) for name, light in (("full", None), ("light", "// light\n"))]
@@ -196,6 +198,10 @@ def test_each_attempt_waits_for_its_own_header(tmp_path):
     lean, own = _build_attempts(job, arguments, tmp_path / "ext_1", BuildLog(), "ext#1")
     assert lean.env["DICE_PCH_FILE"] == str(pch_file(plans[1].root))
     assert own.env["DICE_PCH_FILE"] == str(pch_file(plans[0].root))
+    # torch's own header is the spare-time one here: waited for only while the CUDA unit compiles
+    assert own.env.get("DICE_PCH_SPARE_TIME") == "1" and "DICE_PCH_SPARE_TIME" not in lean.env
+    cpp_only = {"name": "cc", "cpp_sources": "torch::Tensor f(torch::Tensor x) { return x; }"}
+    assert [a.env for a in _build_attempts(job, cpp_only, tmp_path / "cc_1", BuildLog(), "cc#1")] == [None]
 
 
 def _announced(tmp_path: Path) -> tuple[PchPlan, str]:
@@ -327,14 +333,40 @@ def test_a_failed_cuda_unit_ends_the_wait_and_skips_the_compile(tmp_path):
     assert plan.building.exists()
 
 
-def test_the_reporting_nvcc_marks_only_failures(tmp_path):
+def test_a_spare_time_header_is_waited_for_only_while_the_cuda_unit_compiles(tmp_path):
+    plan, compiler = _announced(tmp_path)
+    spare, kept = tmp_path / "spare", tmp_path / "kept"
+    waiting = {}
+    for build, spare_time in ((spare, True), (kept, False)):
+        build.mkdir()
+        (build / "unit.cpp").write_text("int unit() { return 1; }\n")
+        (build / "cuda.cu").write_text("int unit2() { return 2; }\n")
+        env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++", spare_time=spare_time)}
+        waiting[build] = subprocess.Popen([compiler, "-c", "unit.cpp", "-o", "unit.o"], cwd=build, env=env)
+        cuda = subprocess.run([env["PYTORCH_NVCC"], "-x", "c++", "-c", "cuda.cu", "-o", "cuda.o"], cwd=build,
+                              env=env, timeout=60)
+        assert cuda.returncode == 0
+    assert waiting[spare].wait(timeout=30) == 0 and (spare / "unit.o").exists()  # compiled without the header
+    wait = read_pch_wait(spare)
+    assert not wait["found"] and not wait["skipped"]
+    time.sleep(1.0)
+    assert waiting[kept].poll() is None  # a header built at full priority is still worth waiting for
+    # no CUDA unit to end the wait: a spare-time header is not waited for at all
+    assert pch_wait_environment(str(plan.root), compiler, None, spare_time=True) is None
+    assert pch_wait_environment(str(plan.root), compiler, None) is not None
+    pch_file(plan.root).parent.mkdir(parents=True)
+    pch_file(plan.root).write_bytes(b"")
+    assert waiting[kept].wait(timeout=60) == 0 and read_pch_wait(kept)["found"] is True
+
+
+def test_the_reporting_nvcc_marks_how_the_cuda_unit_ended(tmp_path):
     plan, compiler = _announced(tmp_path)
     env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++")}
     assert env["PYTORCH_NVCC"] == str(reporting_nvcc(compiler))
     (tmp_path / "ok.cpp").write_text("int ok() { return 0; }\n")
     ok = subprocess.run([env["PYTORCH_NVCC"], "-c", "ok.cpp", "-o", "ok.o"], cwd=tmp_path, env=env, timeout=60)
     assert ok.returncode == 0 and (tmp_path / "ok.o").exists()
-    assert not (tmp_path / "cuda_unit_failed").exists()
+    assert (tmp_path / "cuda_unit_built").exists() and not (tmp_path / "cuda_unit_failed").exists()
     assert "PYTORCH_NVCC" not in pch_wait_environment(str(plan.root), compiler)  # no nvcc known: torch's own
 
 

@@ -52,15 +52,18 @@ PCH_WAIT_S = 120
 SPARE_TIME_NICE = 19
 
 # The compiler a build worker gives torch (as CXX) while a header it could use is being built: a compile (`-c`)
-# waits until the header is published, its build is over, its CUDA unit has failed or PCH_WAIT_S have passed,
-# and writes what it waited to pch_wait.json in the build directory (ninja's working directory). It then runs
-# the real compiler unchanged, unless the CUDA unit failed: the build fails either way, and ninja would wait for
-# this compile before reporting it. Links and torch's version checks pass straight through.
+# waits until the header is published, its build is over, its CUDA unit has failed or PCH_WAIT_S have passed, and
+# for a spare-time header (DICE_PCH_SPARE_TIME) also until its CUDA unit has compiled: such a header progresses only
+# on idle cores, so once nothing else of the build is left, parsing torch's header costs less than waiting. It
+# writes what it waited to pch_wait.json in the build directory (ninja's working directory), then runs the real
+# compiler unchanged, unless the CUDA unit failed: the build fails either way, and ninja would wait for this
+# compile before reporting it. Links and torch's version checks pass straight through.
 _WAITING_COMPILER = """#!/bin/sh
 case " $* " in
 *" -c "*)
     tenths=0
     while [ ! -e "$DICE_PCH_FILE" ] && [ -e "$DICE_PCH_BUILDING" ] && [ ! -e cuda_unit_failed ] \\
+            && { [ -z "$DICE_PCH_SPARE_TIME" ] || [ ! -e cuda_unit_built ]; } \\
             && [ "$tenths" -lt "$DICE_PCH_WAIT_TENTHS" ]; do
         sleep 0.1
         tenths=$((tenths + 1))
@@ -77,12 +80,12 @@ esac
 exec $DICE_PCH_REAL_CXX "$@"
 """
 
-# The nvcc a build worker gives torch (as PYTORCH_NVCC) beside the waiting compiler: the real one, and where it
-# fails, the mark in the build directory that the waiting compiler looks for
+# The nvcc a build worker gives torch (as PYTORCH_NVCC) beside the waiting compiler: the real one, and the mark in
+# the build directory of how it ended, which the waiting compiler looks for
 _REPORTING_NVCC = """#!/bin/sh
 $DICE_REAL_NVCC "$@"
 status=$?
-[ "$status" -eq 0 ] || : > cuda_unit_failed
+if [ "$status" -eq 0 ]; then : > cuda_unit_built; else : > cuda_unit_failed; fi
 exit "$status"
 """
 
@@ -319,19 +322,26 @@ def reporting_nvcc(compiler: str) -> Path:
     return Path(compiler).with_name("reporting-nvcc.sh")
 
 
-def pch_wait_environment(pch_dir: str, compiler: str | None, nvcc: str | None = None) -> dict[str, str] | None:
+def pch_wait_environment(pch_dir: str, compiler: str | None, nvcc: str | None = None,
+                         spare_time: bool = False) -> dict[str, str] | None:
     """The environment that makes torch compile through the waiting compiler, for a build whose header at
     `pch_dir` is being built now; None when it is ready or nobody is building it. With `nvcc` (the command torch
-    would run), the CUDA unit compiles through the reporting nvcc, so a failure there ends the wait."""
+    would run for the build's CUDA unit), that unit compiles through the reporting nvcc, so its end can end the
+    wait. A `spare_time` header (SPARE_TIME_NICE) is waited for only while the CUDA unit compiles: None without
+    one."""
     root = Path(pch_dir)
     if compiler is None or pch_file(root).exists() or not building_marker(root).exists():
         return None
     if any(c.isspace() for c in compiler):  # torch writes CXX and PYTORCH_NVCC into shell commands unquoted
         return None
+    if spare_time and not nvcc:
+        return None
     env = {"CXX": compiler, "DICE_PCH_REAL_CXX": os.environ.get("CXX", "c++"), "DICE_PCH_FILE": str(pch_file(root)),
            "DICE_PCH_BUILDING": str(building_marker(root)), "DICE_PCH_WAIT_TENTHS": str(PCH_WAIT_S * 10)}
     if nvcc:
         env.update(PYTORCH_NVCC=str(reporting_nvcc(compiler)), DICE_REAL_NVCC=nvcc)
+    if spare_time:
+        env["DICE_PCH_SPARE_TIME"] = "1"
     return env
 
 

@@ -194,15 +194,21 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: st
 
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
+    full = (job.pch or {}).get(variant)
+    # where the light header serves first attempts, torch's own is built in spare time (build_speed.plan_pch)
+    spare_time = bool((job.pch_light or {}).get(variant))
+    nvcc = _torch_nvcc() if arguments.get("cuda_sources") else None
+
     def attempt(headers: str, args: dict, directory: Path, pch_dir: str | None) -> _Attempt:
         """main.cpp finds the header at `pch_dir` before torch's (GCC ignores its precompiled form wherever it
-        would not be valid), and waits for it while it is being built."""
+        would not be valid), and waits for it while it is being built (a spare-time one: while the CUDA unit
+        compiles)."""
         if not pch_dir:
             return _Attempt(headers, args, directory)
         args = {**args, "extra_cflags": [*(args.get("extra_cflags") or []), f"-I{pch_dir}"]}
-        return _Attempt(headers, args, directory, pch_wait_environment(pch_dir, job.pch_compiler, _torch_nvcc()))
+        env = pch_wait_environment(pch_dir, job.pch_compiler, nvcc, spare_time=spare_time and pch_dir == full)
+        return _Attempt(headers, args, directory, env)
 
-    full = (job.pch or {}).get(variant)
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
     lean = lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include")) if job.light_headers else None
