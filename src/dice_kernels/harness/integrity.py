@@ -439,7 +439,8 @@ class Monitor:
     def start_profiler(self) -> None:
         """Pay the profiler's first-session start-up (Kineto and CUPTI) in an empty session, so `profile_forward`
         holds the device lock only for the forward it profiles. Called after the timed loop: a finished session
-        leaves tracing attached, and launches were 5 us slower after one on the H200 (benchmarks/profiler_startup.py)."""
+        may leave tracing attached (tiny launches took 12 us instead of 7 after one in two of four H200 rounds,
+        benchmarks/profiler_startup.py), and timed calls must not pay for it."""
         with _cuda_profiler():
             pass
 
