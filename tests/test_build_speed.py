@@ -189,8 +189,9 @@ def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYTORCH_NVCC", "nvcc")  # the nvcc torch would run, whether or not this machine has one
 
+    # as plan_pch plans them for CUDA: the light header for first attempts, torch's own in spare time
     plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
-                     light) for name, light in (("full", None), ("light", "// light\n"))]
+                     light, nice) for name, light, nice in (("full", None, SPARE_TIME_NICE), ("light", "// light\n", 0))]
     compiler = announce_pch(plans, tmp_path)
     job = SimpleNamespace(mode="build", light_headers=True, pch=planned_pch(plans),
                           pch_light=planned_pch(plans, light=True), pch_compiler=compiler)
@@ -204,8 +205,9 @@ def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
     assert [a.env for a in _build_attempts(job, cpp_only, tmp_path / "cc_1", BuildLog(), "cc#1")] == [None]
 
 
-def _announced(tmp_path: Path) -> tuple[PchPlan, str]:
-    plan = PchPlan(variant=(), root=tmp_path / "pch" / "key", command=["false"], header=tmp_path / "extension.h")
+def _announced(tmp_path: Path, name: str = "key", nice: int = 0) -> tuple[PchPlan, str]:
+    plan = PchPlan(variant=(), root=tmp_path / "pch" / name, command=["false"], header=tmp_path / "extension.h",
+                   nice=nice)
     compiler = announce_pch([plan], tmp_path)
     assert compiler is not None and plan.building.exists()
     return plan, compiler
@@ -334,14 +336,15 @@ def test_a_failed_cuda_unit_ends_the_wait_and_skips_the_compile(tmp_path):
 
 
 def test_a_spare_time_header_is_waited_for_only_while_the_cuda_unit_compiles(tmp_path):
-    plan, compiler = _announced(tmp_path)
+    spare_plan, compiler = _announced(tmp_path, "spare", nice=SPARE_TIME_NICE)
+    kept_plan, _ = _announced(tmp_path, "kept")
     spare, kept = tmp_path / "spare", tmp_path / "kept"
     waiting = {}
-    for build, spare_time in ((spare, True), (kept, False)):
+    for build, plan in ((spare, spare_plan), (kept, kept_plan)):
         build.mkdir()
         (build / "unit.cpp").write_text("int unit() { return 1; }\n")
         (build / "cuda.cu").write_text("int unit2() { return 2; }\n")
-        env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++", spare_time=spare_time)}
+        env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++")}
         waiting[build] = subprocess.Popen([compiler, "-c", "unit.cpp", "-o", "unit.o"], cwd=build, env=env)
         cuda = subprocess.run([env["PYTORCH_NVCC"], "-x", "c++", "-c", "cuda.cu", "-o", "cuda.o"], cwd=build,
                               env=env, timeout=60)
@@ -352,10 +355,10 @@ def test_a_spare_time_header_is_waited_for_only_while_the_cuda_unit_compiles(tmp
     time.sleep(1.0)
     assert waiting[kept].poll() is None  # a header built at full priority is still worth waiting for
     # no CUDA unit to end the wait: a spare-time header is not waited for at all
-    assert pch_wait_environment(str(plan.root), compiler, None, spare_time=True) is None
-    assert pch_wait_environment(str(plan.root), compiler, None) is not None
-    pch_file(plan.root).parent.mkdir(parents=True)
-    pch_file(plan.root).write_bytes(b"")
+    assert pch_wait_environment(str(spare_plan.root), compiler, None) is None
+    assert pch_wait_environment(str(kept_plan.root), compiler, None) is not None
+    pch_file(kept_plan.root).parent.mkdir(parents=True)
+    pch_file(kept_plan.root).write_bytes(b"")
     assert waiting[kept].wait(timeout=60) == 0 and read_pch_wait(kept)["found"] is True
 
 

@@ -248,6 +248,7 @@ def pch_file(root: Path) -> Path:
 
 
 def building_marker(root: Path) -> Path:
+    """Present while the header at `root` is being built; holds its compiler's niceness (`PchPlan.nice`)."""
     return root.with_name(root.name + ".building")
 
 
@@ -313,7 +314,7 @@ def announce_pch(plans: list[PchPlan], cache_dir: Path) -> str | None:
             staging.chmod(0o755)
             os.replace(staging, script)
     for plan in missing:
-        plan.building.touch()
+        plan.building.write_text(str(plan.nice))
     return str(compiler)
 
 
@@ -322,15 +323,18 @@ def reporting_nvcc(compiler: str) -> Path:
     return Path(compiler).with_name("reporting-nvcc.sh")
 
 
-def pch_wait_environment(pch_dir: str, compiler: str | None, nvcc: str | None = None,
-                         spare_time: bool = False) -> dict[str, str] | None:
+def pch_wait_environment(pch_dir: str, compiler: str | None, nvcc: str | None = None) -> dict[str, str] | None:
     """The environment that makes torch compile through the waiting compiler, for a build whose header at
     `pch_dir` is being built now; None when it is ready or nobody is building it. With `nvcc` (the command torch
     would run for the build's CUDA unit), that unit compiles through the reporting nvcc, so its end can end the
-    wait. A `spare_time` header (SPARE_TIME_NICE) is waited for only while the CUDA unit compiles: None without
-    one."""
+    wait. A header built in spare time (its marker's niceness above 0) is waited for only while the CUDA unit
+    compiles: None without one."""
     root = Path(pch_dir)
-    if compiler is None or pch_file(root).exists() or not building_marker(root).exists():
+    if compiler is None or pch_file(root).exists():
+        return None
+    try:
+        spare_time = int(building_marker(root).read_text() or 0) > 0
+    except (OSError, ValueError):  # nobody is building it (or the mark is not ours): nothing to wait for
         return None
     if any(c.isspace() for c in compiler):  # torch writes CXX and PYTORCH_NVCC into shell commands unquoted
         return None

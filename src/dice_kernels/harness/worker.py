@@ -195,8 +195,6 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: st
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
     full = (job.pch or {}).get(variant)
-    # where the light header serves first attempts, torch's own is built in spare time (build_speed.plan_pch)
-    spare_time = bool((job.pch_light or {}).get(variant))
     nvcc = _torch_nvcc() if arguments.get("cuda_sources") else None
 
     def attempt(headers: str, args: dict, directory: Path, pch_dir: str | None) -> _Attempt:
@@ -206,8 +204,7 @@ def _build_attempts(job: Job, arguments: dict, out: Path, log: BuildLog, key: st
         if not pch_dir:
             return _Attempt(headers, args, directory)
         args = {**args, "extra_cflags": [*(args.get("extra_cflags") or []), f"-I{pch_dir}"]}
-        env = pch_wait_environment(pch_dir, job.pch_compiler, nvcc, spare_time=spare_time and pch_dir == full)
-        return _Attempt(headers, args, directory, env)
+        return _Attempt(headers, args, directory, pch_wait_environment(pch_dir, job.pch_compiler, nvcc))
 
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
