@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -92,9 +91,8 @@ def child_launch(variant: str, launches: int) -> dict:
             "min_us": round(min(per), 3)}
 
 
-def _child(args: list[str], env: dict | None = None) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, timeout=300)
+def _child(args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         return {"error": out.stderr[-2000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
