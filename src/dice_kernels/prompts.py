@@ -79,11 +79,50 @@ class ModelNew(nn.Module):
         return self.elementwise_add.elementwise_add_cuda(a, b)
 '''
 
+# The CPU backend cannot run CUDA: there the task is a C++ extension (load_inline with cpp_sources only).
+EXAMPLE_MODEL_NEW_CPU = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = \"\"\"
+#include <torch/extension.h>
+
+torch::Tensor elementwise_add(torch::Tensor a, torch::Tensor b) {
+    auto ac = a.contiguous();
+    auto bc = b.contiguous();
+    auto out = torch::empty_like(ac);
+    const float* pa = ac.data_ptr<float>();
+    const float* pb = bc.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    for (int64_t i = 0; i < ac.numel(); ++i) po[i] = pa[i] + pb[i];
+    return out;
+}
+\"\"\"
+
+elementwise_add = load_inline(
+    name="elementwise_add",
+    cpp_sources=source,
+    functions=["elementwise_add"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.elementwise_add = elementwise_add
+
+    def forward(self, a, b):
+        return self.elementwise_add.elementwise_add(a, b)
+'''
+
 _INTRO = (
     "You write custom CUDA kernels to replace the PyTorch operators in the given architecture to get speedups.\n\n"
     "You are free to choose which operators to replace: some may stay in PyTorch. You may fuse several operators "
     "into one kernel (for example matmul + relu) or change the algorithm (for example an online softmax).\n\n"
 )
+_INTRO_CPU = _INTRO.replace("custom CUDA kernels", "custom C++ kernels (CPU: `load_inline` with cpp_sources "
+                                                  "only, no CUDA)")
 
 
 def code_block(code: str) -> str:
@@ -101,13 +140,22 @@ def chat_response(answer: str) -> str:
     return f"{answer}{IM_END}"
 
 
-def e2e_user(reference: str) -> str:
-    """End-to-end: instructions, the element-wise-add one-shot example, the task, and the output rules."""
+def e2e_user(reference: str, backend: str = "cuda") -> str:
+    """End-to-end: instructions, the element-wise-add one-shot example, the task, and the output rules.
+
+    backend "cpu" asks for a C++ extension (`load_inline` with cpp_sources only): the CPU harness cannot run CUDA.
+    """
+    if backend == "cuda":
+        intro, example, kind = _INTRO, EXAMPLE_MODEL_NEW, "CUDA"
+    elif backend == "cpu":
+        intro, example, kind = _INTRO_CPU, EXAMPLE_MODEL_NEW_CPU, "C++"
+    else:
+        raise ValueError(f"backend must be 'cuda' or 'cpu', got {backend!r}")
     return (
-        f"{_INTRO}Here is an example. The given architecture:\n\n{code_block(EXAMPLE_MODEL)}\n\n"
-        f"The same architecture with an inline CUDA kernel:\n\n{code_block(EXAMPLE_MODEL_NEW)}\n\n"
+        f"{intro}Here is an example. The given architecture:\n\n{code_block(EXAMPLE_MODEL)}\n\n"
+        f"The same architecture with an inline {kind} kernel:\n\n{code_block(example)}\n\n"
         f"You are given the following architecture:\n\n{code_block(reference)}\n\n"
-        "Optimize the architecture named Model with custom CUDA operators. Name your optimized architecture "
+        f"Optimize the architecture named Model with custom {kind} operators. Name your optimized architecture "
         "ModelNew. Output the complete new code in one ```python code block. Write real code, not pseudocode; "
         "it must compile and run. Do not output testing code."
     )
