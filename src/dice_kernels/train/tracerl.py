@@ -1,0 +1,154 @@
+"""TraceRL's objective (DESIGN.md §5): replay each response's sampling trajectory. A token unmasked at denoising
+step s of its block is scored with the model seeing the state before step s (earlier blocks clean, its block with
+the tokens of steps >= s masked); every block and step of a batch of responses is scored in one forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dice_kernels.model.attention import (Attention, Layout, MaskMod, block_diffusion_mask_mod, dense_mask,
+                                          flex_block_mask)
+from dice_kernels.model.transformer import BlockDiffusionLM
+
+LOG_RATIO_CLAMP = 10.0  # ratio = exp(clamp(logp_new - logp_old, ±10))
+BACKENDS = ("flex", "dense")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One response as the sampler produced it (`decode`'s `tokens` and `unmask_steps` for one row)."""
+
+    prompt: list[int]
+    tokens: list[int]  # generated token j sits at absolute position len(prompt) + j
+    steps: list[int]  # the within-block denoising step that unmasked generated token j
+
+
+@dataclass
+class ReplayBatch:
+    """The layout of one scoring forward: per row, [clean context | one noisy copy per (block, step) scored].
+
+    Noisy copies share the positions of their block; `copy` (0 clean, s + 1 for the copy of step s) keeps the
+    copies of one block from seeing each other. Rows are padded with a separate dummy sample (doc 1).
+    """
+
+    ids: Tensor  # [B, L]
+    layout: Layout  # doc / pos / noisy, each [B, L]
+    copy: Tensor  # [B, L]
+    targets: Tensor  # [B, L] token scored at this (noisy) slot, -1 where none
+    block_size: int
+
+    @property
+    def scored(self) -> Tensor:
+        return self.targets >= 0
+
+    def mask_mod(self) -> MaskMod:
+        base, copy, noisy = block_diffusion_mask_mod(self.layout, self.layout, self.block_size), self.copy, self.layout.noisy
+
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            # a noisy key is seen only from its own copy (the block rule already limits it to its own block)
+            return base(b, h, q_idx, kv_idx) & (~noisy[b, kv_idx] | (copy[b, q_idx] == copy[b, kv_idx]))
+
+        return mask_mod
+
+
+def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """ids, pos, noisy, copy, targets of one trajectory's row (unpadded)."""
+    if len(traj.tokens) != len(traj.steps) or not traj.tokens:
+        raise ValueError("a trajectory needs one unmasking step per generated token, and at least one token")
+    seq = traj.prompt + traj.tokens
+    step_at = [-1] * len(traj.prompt) + list(traj.steps)  # -1: prompt, revealed from the start
+    first = len(traj.prompt) // block * block  # the first decode block (may hold the prompt's remainder)
+    last = (len(seq) - 1) // block * block  # the last block: its clean copy is never needed
+    ids, pos = seq[:last], list(range(last))
+    noisy, copy, targets = [0] * last, [0] * last, [-1] * last
+    for start in range(first, last + 1, block):
+        span = range(start, start + block)
+        # Positions past the end of a stopped (or cut) response were sampled too, but the record drops them:
+        # they stay masked in every replayed state.
+        for s in sorted({step_at[p] for p in span if p < len(seq) and step_at[p] >= 0}):
+            for p in span:
+                known = p < len(seq) and step_at[p] < s
+                ids.append(seq[p] if known else mask_id)
+                targets.append(seq[p] if p < len(seq) and step_at[p] == s else -1)
+            pos += list(span)
+            noisy += [1] * block
+            copy += [s + 1] * block
+    return ids, pos, noisy, copy, targets
+
+
+def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, pad_id: int,
+                 multiple: int = 1) -> ReplayBatch:
+    """The scoring layout of a batch of trajectories, rows padded to a multiple of `multiple` tokens (flex: a
+    few distinct shapes instead of one compile per length)."""
+    rows = [_row(t, block_size, mask_id) for t in trajectories]
+    length = -(-max(len(r[0]) for r in rows) // multiple) * multiple
+    cols: list[list[list[int]]] = [[], [], [], [], [], []]
+    for ids, pos, noisy, copy, targets in rows:
+        tail = length - len(ids)
+        # the padding is a sample of its own (doc 1), clean at position 0: it sees only itself, never a response
+        for col, values, fill in zip(cols, (ids, pos, noisy, copy, targets, [0] * len(ids)),
+                                     (pad_id, 0, 0, 0, -1, 1)):
+            col.append(values + [fill] * tail)
+    ids, pos, noisy, copy, targets, doc = (torch.tensor(c) for c in cols)
+    return ReplayBatch(ids=ids, layout=Layout(doc=doc, pos=pos, noisy=noisy.bool()), copy=copy, targets=targets,
+                       block_size=block_size)
+
+
+def token_logprobs(model: BlockDiffusionLM, batch: ReplayBatch, backend: str = "dense",
+                   temperature: float = 1.0) -> Tensor:
+    """Log-probability of every scored token ([N], row-major over `batch.scored`) in its replayed state, from one
+    forward. As in the sampler, the mask token is never a prediction; `temperature` is the rollout's."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = next(model.parameters()).device
+    batch = _to(batch, device)
+    rows, length = batch.ids.shape
+    build = flex_block_mask if backend == "flex" else dense_mask
+    mask = build(batch.mask_mod(), rows, length, length, device)
+    hidden = model.hidden_states(batch.ids, batch.layout.pos, Attention(mask))
+    scored = batch.scored
+    logits = model.lm_head(hidden[scored]).float()
+    if model.config.mask_token_id is not None:
+        logits[:, model.config.mask_token_id] = float("-inf")
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(1, batch.targets[scored][:, None])[:, 0]
+
+
+def _to(batch: ReplayBatch, device: torch.device) -> ReplayBatch:
+    lay = batch.layout
+    return ReplayBatch(ids=batch.ids.to(device), copy=batch.copy.to(device), targets=batch.targets.to(device),
+                       layout=Layout(lay.doc.to(device), lay.pos.to(device), lay.noisy.to(device)),
+                       block_size=batch.block_size)
+
+
+@dataclass
+class LossTerms:
+    loss: Tensor  # differentiable scalar: this micro-batch's share of the step's loss
+    kl: Tensor  # [N] k3 estimate per scored token (detached)
+    clipped: Tensor  # [N] bool: the clipped branch of PPO's min was taken (no gradient from the ratio)
+    ratio: Tensor  # [N] detached
+
+
+def policy_loss(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, row_of_token: Tensor, norm_len: float,
+                num_rows: int, clip: float = 0.2, kl_beta: float = 0.01) -> LossTerms:
+    """PPO-clipped policy gradient plus β·k3 KL to the old policy, per token; each row's sum divided by
+    `norm_len` (the step's padded response length), summed over rows and divided by `num_rows` (the step's rows,
+    so micro-batches add up to the step's loss)."""
+    log_ratio = (logp_new - logp_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = log_ratio.exp()
+    adv = advantages[row_of_token]
+    unclipped, clipped = ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv
+    pg = -torch.minimum(unclipped, clipped)
+    kl = (-log_ratio).exp() + log_ratio - 1  # k3 of KL(new || old): r - 1 - log r with r = p_old / p_new
+    per_token = pg + kl_beta * kl
+    return LossTerms(loss=per_token.sum() / norm_len / num_rows, kl=kl.detach(),
+                     clipped=(clipped < unclipped).detach(), ratio=ratio.detach())
+
+
+def row_of_scored(batch: ReplayBatch) -> Tensor:
+    """Row index of each scored token, in `token_logprobs`' order."""
+    return batch.scored.nonzero()[:, 0]
