@@ -1,0 +1,55 @@
+"""Group advantages and the curriculum scheduler (pure Python, no model)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EXAMPLES
+
+from dice_kernels.train.advantages import group_advantages
+from dice_kernels.train.curriculum import Curriculum, RLTask, load_task_set
+
+
+def test_advantages_are_per_group_z_scores_with_population_std_and_flat_groups_dropped():
+    rewards = [1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
+    groups = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    adv = group_advantages(rewards, groups)
+    # group a: mean 0.25, population std sqrt(0.1875)
+    std = 0.1875 ** 0.5
+    assert adv.values[:4] == pytest.approx([0.75 / std] + [-0.25 / std] * 3)
+    assert adv.kept == [True] * 4 + [False] * 8 and adv.values[4:] == [0.0] * 8
+    assert (adv.groups, adv.dropped_groups) == (3, 2)
+    interleaved = group_advantages([1, 0, 0, 1], ["x", "y", "x", "y"])  # groups need not be contiguous
+    assert interleaved.values == pytest.approx([1, -1, -1, 1]) and interleaved.dropped_groups == 0
+
+
+def _tasks(levels):
+    return [RLTask(id=f"t{i}", level=lv, reference="") for i, lv in enumerate(levels)]
+
+
+def test_sequential_curriculum_goes_easy_to_hard_wraps_and_resumes():
+    tasks = load_task_set(EXAMPLES / "tasks", "e2e")
+    assert [t.id for t in tasks] == ["L1/19", "L1/90"]
+    from dice_kernels.train.curriculum import by_level
+
+    ordered = by_level(_tasks([3, 1, None, 2, 1]))
+    assert [t.id for t in ordered] == ["t1", "t4", "t3", "t0", "t2"]  # stable within a level, unknown last
+    cur = Curriculum(ordered, per_step=3)
+    assert [t.id for t in cur.next_batch()] == ["t1", "t4", "t3"]
+    assert [t.id for t in cur.next_batch()] == ["t0", "t2", "t1"]  # wraps around
+    saved = cur.state_dict()
+    resumed = Curriculum(ordered, per_step=3)
+    resumed.load_state_dict(saved)
+    assert [t.id for t in resumed.next_batch()] == [t.id for t in cur.next_batch()] == ["t4", "t3", "t0"]
+    with pytest.raises(ValueError, match="not this one"):
+        Curriculum(ordered[:2], per_step=3).load_state_dict(saved)
+
+
+def test_mixed_curriculum_covers_every_task_once_per_pass_and_is_reproducible():
+    tasks = _tasks([1] * 10)
+    a, b = Curriculum(tasks, per_step=4, order="mixed", seed=7), Curriculum(tasks, per_step=4, order="mixed", seed=7)
+    first = [t.id for _ in range(5) for t in a.next_batch()]  # two passes
+    assert first == [t.id for _ in range(5) for t in b.next_batch()]
+    assert sorted(first[:10]) == sorted(t.id for t in tasks) == sorted(first[10:20])
+    assert first[:10] != [t.id for t in tasks] and first[:10] != first[10:20]  # shuffled, and anew each pass
+    other = Curriculum(tasks, per_step=4, order="mixed", seed=8)
+    assert [t.id for t in other.next_batch()] != first[:4]
