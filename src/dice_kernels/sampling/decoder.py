@@ -1,6 +1,7 @@
 """Batched block-diffusion decoding on token ids: per row, blocks of `block_size` positions on one grid from
 absolute position 0, each denoised in up to `steps` forwards against a KV cache. Returns the generated ids and,
-per token, the denoising step that unmasked it (the trajectory RL replays)."""
+per token, the denoising step that unmasked it (the trajectory RL replays). On CUDA each decode forward is replayed
+as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from torch import Tensor
 from dice_kernels.model.attention import Attention, KVCache, Layout, block_diffusion_mask_mod, dense_mask
 from dice_kernels.model.transformer import BlockDiffusionLM
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
+
+# A CUDA graph fixes every shape, so graphed forwards attend over a span rounded up to a multiple of this many
+# cache slots (the mask hides the extra ones): one graph per (commit or not, span), ~40 captures per 4,096 tokens.
+GRAPH_SPAN_STEP = 128
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,9 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
     use_cache: bool = True  # False recomputes the whole sequence every forward (a reference for tests)
     seed: int | None = None
+    # CUDA with the cache: replay each decode forward as a CUDA graph (one per shape, captured when first needed)
+    # instead of launching its ~1,000 kernels from Python; False: eager (CPU always runs eager)
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -46,6 +54,7 @@ class Decoded:
 class _State:
     """Per-row decoding state; every tensor has the batch as its first dimension."""
 
+    # Updated in place only: captured CUDA graphs read these tensors at fixed addresses.
     seq: Tensor  # [B, T] prompt, then generated ids; mask id where undecided
     unmask_step: Tensor  # [B, T] step that unmasked each position, -1 elsewhere
     prompt_len: Tensor  # [B]
@@ -79,10 +88,14 @@ class _CachedForward:
     first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
     """
 
-    def __init__(self, model: BlockDiffusionLM, state: _State, block: int):
+    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool):
         cfg, seq = model.config, state.seq
         self.model, self.block = model, block
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
+        # (any_commit, span) -> (graph, its logits); None: eager
+        self.graphs: dict[tuple[bool, int], tuple[torch.cuda.CUDAGraph, Tensor]] | None = (
+            {} if graphs and seq.is_cuda else None)
+        self.pool = None  # one memory pool for every graph: they run one at a time
         self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, seq.shape[1] + block,
                              cfg.head_dim, next(model.parameters()).dtype, seq.device)
         prefill = int(state.start.max())
@@ -96,7 +109,34 @@ class _CachedForward:
             model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
 
     def __call__(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
-        kv_len = self.cache.span(kv_len)
+        """Logits [B, block, V] of each row's current block; `kv_len`: cache slots the furthest row needs."""
+        if self.graphs is None:
+            return self._forward(state, any_commit, self.cache.span(kv_len))
+        span = min(-(-kv_len // GRAPH_SPAN_STEP) * GRAPH_SPAN_STEP, self.cache.k.shape[3])
+        key = (any_commit, span)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(state, any_commit, span)
+        graph, logits = self.graphs[key]
+        graph.replay()
+        return logits
+
+    def _capture(self, state: _State, any_commit: bool, span: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Record one forward of this shape. Inputs are the state's tensors and the cache, read at replay time."""
+        if not self.graphs:
+            # Lazy initialisation (cuBLAS handles and workspaces) cannot happen inside a capture: run the forward
+            # once first, on a side stream as capture does. It only rewrites the current blocks' cache slots.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._forward(state, any_commit, span)
+            torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(state, any_commit, span)
+        self.pool = self.pool or graph.pool()
+        return graph, logits
+
+    def _forward(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
         block, offsets = self.block, torch.arange(self.block, device=state.seq.device)
         cur = state.start[:, None] + offsets
         q_pos, q_slots, q_noisy = cur, cur, torch.ones_like(cur, dtype=torch.bool)
@@ -152,10 +192,10 @@ def _denoise_step(state: _State, logits: Tensor, cfg: SamplingConfig, block: int
     at_limit = state.start + block >= state.prompt_len + cfg.max_new_tokens
     state.done |= finished & (hit_stop | at_limit)
     advance = finished & ~state.done
-    state.commit = advance
+    state.commit.copy_(advance)
     state.start += block * advance
-    state.step = torch.where(advance, 0, state.step)
-    state.masked_at_start = torch.where(advance, block, state.masked_at_start)
+    state.step.masked_fill_(advance, 0)
+    state.masked_at_start.masked_fill_(advance, block)
 
 
 @torch.inference_mode()
@@ -168,7 +208,7 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    cached = _CachedForward(model, state, block) if cfg.use_cache else None
+    cached = _CachedForward(model, state, block, cfg.cuda_graphs) if cfg.use_cache else None
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
     forwards = 0
     while True:

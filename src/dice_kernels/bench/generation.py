@@ -1,0 +1,113 @@
+"""The generation half of a bench run: one end-to-end prompt per (task, sample), decoded in batches with the
+KV-cached block-diffusion sampler. Each output is written as soon as its batch finishes, as
+`generations/<level>/<task>/s<k>.md` (the raw text) and `s<k>.json` (tokens, stop, seconds, decoding settings);
+an output whose `.json` exists is never generated again, which is what makes a killed run resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from dice_kernels.bench.config import BenchConfig
+from dice_kernels.tasks import Task
+
+_UNSAFE = re.compile(r"[^\w.-]+")
+
+
+@dataclass(frozen=True)
+class Item:
+    task: Task
+    sample: int
+
+    @property
+    def candidate_id(self) -> str:
+        return f"{self.task.id}#s{self.sample}"
+
+
+def output_paths(root: Path, item: Item) -> tuple[Path, Path]:
+    """(raw text, record) of one generation: a KernelBench-like layout that `dice eval --solutions` also pairs."""
+    level = f"level{item.task.level}" if item.task.level is not None else "other"
+    folder = root / level / _UNSAFE.sub("_", item.task.name)
+    return folder / f"s{item.sample}.md", folder / f"s{item.sample}.json"
+
+
+def pending(root: Path, tasks: list[Task], samples: int, settings: dict) -> list[Item]:
+    """The (task, sample) outputs not written yet. A finished output made with other settings is an error: mixing
+    two decodings in one table would be silently wrong."""
+    todo = []
+    for task in tasks:
+        for k in range(samples):
+            item = Item(task, k)
+            text_path, record_path = output_paths(root, item)
+            if not record_path.is_file():
+                todo.append(item)
+                continue
+            recorded = json.loads(record_path.read_text()).get("settings")
+            if recorded != settings:
+                raise ValueError(f"{record_path} was generated with other settings ({_diff(recorded, settings)}); "
+                                 "use a new --out, or the settings of that run")
+    return todo
+
+
+def _diff(old: dict | None, new: dict) -> str:
+    old = old or {}
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in keys)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def generate(cfg: BenchConfig, items: list[Item], root: Path, log: Callable[[dict], None],
+             advance: Callable[[int], None]) -> None:
+    """Decode `items` in batches of `cfg.batch_size` and write each batch's outputs as it finishes.
+
+    `log` receives one timing record per model load and per batch; `advance` the number of outputs written.
+    """
+    import torch
+
+    from dice_kernels.prompts import SYSTEM_PROMPT, e2e_user
+    from dice_kernels.sampling.generate import Generator
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    dtype = (None if device.type == "cuda" else torch.float32) if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    began = time.perf_counter()
+    generator = Generator.from_checkpoint(cfg.checkpoint, dtype=dtype, device=device)
+    log({"phase": "load_model", "seconds": time.perf_counter() - began})
+    settings = cfg.generation_settings()
+    backend = settings["prompt_backend"]
+    prompts = {t.id: e2e_user(t.code, backend) for t in {i.task.id: i.task for i in items}.values()}
+    # longest prompts first: rows of a batch then have similar lengths, so the shared prefill wastes little
+    items = sorted(items, key=lambda i: (-len(prompts[i.task.id]), i.task.id, i.sample))
+    for at in range(0, len(items), cfg.batch_size):
+        batch = items[at: at + cfg.batch_size]
+        decoding = cfg.decoding
+        if decoding.seed is not None:  # a batch's random stream depends on its first output, not on the order run
+            decoding = replace(decoding, seed=decoding.seed + zlib.crc32(batch[0].candidate_id.encode()))
+        began = time.perf_counter()
+        results = generator([prompts[i.task.id] for i in batch], decoding, chat=True, system=SYSTEM_PROMPT)
+        seconds = time.perf_counter() - began
+        for item, r in zip(batch, results):
+            text_path, record_path = output_paths(root, item)
+            text_path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(text_path, r.text)
+            record = {"task_id": item.task.id, "task_name": item.task.name, "sample": item.sample,
+                      "tokens": len(r.token_ids), "prompt_tokens": len(r.prompt_ids), "stopped": r.stopped,
+                      "batch_seconds": round(seconds, 3), "batch_rows": len(batch), "settings": settings,
+                      "seed": decoding.seed}
+            _write_atomic(record_path, json.dumps(record, indent=1))  # written last: marks the output done
+        log({"phase": "generate", "seconds": seconds, "rows": len(batch),
+             "tokens": sum(len(r.token_ids) for r in results)})
+        advance(len(batch))
+    del generator
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the harness's workers need the GPU next
