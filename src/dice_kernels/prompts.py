@@ -161,21 +161,28 @@ def e2e_user(reference: str, backend: str = "cuda") -> str:
     )
 
 
-def infill_user(reference: str, prefix: str, suffix: str, example: tuple[str, str, str]) -> str:
+def infill_user(reference: str, prefix: str, suffix: str, example: tuple[str, str, str], backend: str = "cuda") -> str:
     """Infilling: the model sees the program around the CUDA source and writes the whole program.
 
-    `example` is the (prefix, core, suffix) cut of `EXAMPLE_MODEL_NEW` (the caller computes it with the same
-    splitter used for the data, so the worked example always matches the real cut).
+    `example` is the (prefix, core, suffix) cut of `EXAMPLE_MODEL_NEW` (`EXAMPLE_MODEL_NEW_CPU` for backend "cpu";
+    the caller computes it with the same splitter used for the data, so the worked example always matches the real
+    cut). backend "cpu" asks for a C++ source string (`load_inline` with cpp_sources only).
     """
+    if backend == "cuda":
+        intro, kind, decls = _INTRO, "CUDA", "the C++ declarations, "
+    elif backend == "cpu":
+        intro, kind, decls = _INTRO_CPU, "C++", ""
+    else:
+        raise ValueError(f"backend must be 'cuda' or 'cpu', got {backend!r}")
     ex_prefix, _, ex_suffix = example
     return (
-        f"{_INTRO}Part of the new program is already written: the code before the CUDA source string (prefix) and "
-        "the code after it (suffix: the C++ declarations, the load_inline call and class ModelNew). Write the "
-        "CUDA source string that fits between them and output the whole program.\n\n"
+        f"{intro}Part of the new program is already written: the code before the {kind} source string (prefix) and "
+        f"the code after it (suffix: {decls}the load_inline call and class ModelNew). Write the "
+        f"{kind} source string that fits between them and output the whole program.\n\n"
         f"Example. PyTorch code:\n\n{code_block(EXAMPLE_MODEL)}\n\nPrefix:\n\n{code_block(ex_prefix)}\n\n"
-        f"Suffix:\n\n{code_block(ex_suffix)}\n\nComplete program:\n\n{code_block(EXAMPLE_MODEL_NEW)}\n\n"
+        f"Suffix:\n\n{code_block(ex_suffix)}\n\nComplete program:\n\n{code_block(''.join(example))}\n\n"
         f"Now the task. PyTorch code:\n\n{code_block(reference)}\n\nPrefix:\n\n{code_block(prefix)}\n\n"
         f"Suffix:\n\n{code_block(suffix)}\n\n"
-        "Output the complete program (prefix, your CUDA source, suffix) in one ```python code block, with "
+        f"Output the complete program (prefix, your {kind} source, suffix) in one ```python code block, with "
         "the prefix and suffix unchanged."
     )
