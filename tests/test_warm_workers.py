@@ -108,3 +108,26 @@ def test_the_gpu_is_read_from_nvidia_smi(tmp_path, monkeypatch, memory, gib):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert runner._gpu_name_arch_memory() == ("NVIDIA H200", "9.0", gib)
+
+
+def test_a_session_serves_consecutive_batches_with_the_workers_it_started_once(tmp_path):
+    """`Evaluator` is long-lived (the RL reward calls it every step): the second batch is served by the same fork
+    server, and by workers the first batch left started and waiting, not by a new set-up."""
+    from dice_kernels.harness import Evaluator
+
+    task = load_task_file(EXAMPLES / "tasks" / "level1" / "90_AddMul.py")
+    code = (EXAMPLES / "solutions" / "cpu" / "level1" / "90_AddMul" / "no_modelnew.py").read_text()
+    config = EvalConfig(backend="cpu", jobs=1, warm_workers=1, timing=False, fast_build=False, cache_dir=tmp_path)
+    with Evaluator(config) as ev:
+        first = ev.evaluate([(task, candidate_from_text(f"```python\n{code}\nSTEP = 1\n```", id="a"))])
+        server = ev._forks
+        assert server is not None and server._proc.poll() is None
+        waiting = list(ev._ready["run"])  # started by the first batch, for the next job
+        assert waiting and all(w.proc.poll() is None for w in waiting)
+        second = ev.evaluate([(task, candidate_from_text(f"```python\n{code}\nSTEP = 2\n```", id="b"))])
+        assert ev._forks is server and server._proc.poll() is None  # not restarted
+        # the second batch's jobs ran in them: each exited on its own after its one job (close kills the idle)
+        assert all(w.proc.poll() == 0 for w in waiting)
+    assert [r.outcome.value for r in first + second] == ["python_error", "python_error"]
+    assert [r.candidate_id for r in second] == ["b"]
+    assert server._proc.poll() is not None  # closed on exit

@@ -5,7 +5,7 @@ filter and the benchmark, so nothing here trusts candidate code."""
 from dice_kernels.harness.candidate import Candidate, candidate_from_text, extract_code, load_candidate
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import EvalResult, Outcome
-from dice_kernels.harness.runner import evaluate
+from dice_kernels.harness.runner import Evaluator, evaluate
 
-__all__ = ["Candidate", "EvalConfig", "EvalResult", "Outcome", "candidate_from_text", "evaluate",
+__all__ = ["Candidate", "EvalConfig", "EvalResult", "Evaluator", "Outcome", "candidate_from_text", "evaluate",
            "extract_code", "load_candidate"]

@@ -150,10 +150,16 @@ class _WorkerReport:
 
 @dataclass
 class Evaluator:
-    """One evaluation session: platform, scratch space, build cache and per-task reference outputs."""
+    """A long-lived evaluation session: platform, scratch space, warm workers and fork server, build cache,
+    baselines and ceilings are set up once and serve every `evaluate` call until `close` (or the `with` block's
+    end). The RL reward service keeps one for a whole training run:
+
+        with Evaluator(config) as ev:
+            results = ev.evaluate(pairs)  # list[EvalResult], input order; call it as often as needed
+    """
 
     config: EvalConfig
-    platform: Platform
+    platform: Platform | None = None  # detected from config.backend when not given
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dice-eval-")))
     pch: dict[str, str] = field(default_factory=dict)  # build_speed.planned_pch: headers build workers may use
     pch_light: dict[str, str] = field(default_factory=dict)  # the same for the light header
@@ -169,6 +175,10 @@ class Evaluator:
     began: float = field(default_factory=time.monotonic)  # the clock the results' `timeline_s` counts from
 
     def __post_init__(self) -> None:
+        self.config.check()
+        if self.platform is None:
+            self.platform = Platform.detect(self.config.resolved_backend())
+        self._batch_lock = threading.Lock()  # one batch at a time: a batch owns the run and build pools
         # shared with every other evaluation on this device (a private one if the shared folder is unsafe)
         shared = gpu_lock.machine_prefix(device_lock_key(self.platform))
         self.gpu_lock = gpu_lock.create(shared or self.scratch / "gpu")
@@ -472,6 +482,164 @@ class Evaluator:
             return None
         return cached
 
+    def evaluate(self, pairs: Sequence[tuple[Task, Candidate]], out_dir: str | Path | None = None,
+                 resume: bool = False, progress: bool = False,
+                 on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
+        """Evaluate every (task, candidate) pair; results come back in input order.
+
+        With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
+        pairs already in that database are not evaluated again. Identical (task, code) pairs are evaluated once.
+        `on_result` sees each result as it is recorded. Warm workers, the fork server and cached baselines carry over
+        to the next call; one call runs at a time.
+        """
+        with self._batch_lock:
+            self.began = time.monotonic()
+            return self._evaluate(pairs, out_dir, resume, progress, on_result)
+
+    def _evaluate(self, pairs: Sequence[tuple[Task, Candidate]], out_dir: str | Path | None, resume: bool,
+                  progress: bool, on_result: Callable[[EvalResult], None] | None) -> list[EvalResult]:
+        ev, config, plat = self, self.config, self.platform
+        backend = plat.backend
+        store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
+        if store:
+            store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
+            store.set_meta("platform", plat.__dict__)
+        done: dict[tuple[str, str, str], EvalResult] = {}
+        if store and resume:
+            done = store.finished()
+        results: list[EvalResult | None] = [None] * len(pairs)
+        base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,
+                    harness_version=__version__)
+        lock = threading.Lock()
+        bar = _Progress(len(pairs), enabled=progress)
+
+        def record(i: int, r: EvalResult, fresh: bool = True) -> None:
+            with lock:
+                results[i] = r
+                if store and fresh:
+                    store.put(r)
+                bar.advance(r, resumed=not fresh)
+            if on_result:
+                on_result(r)
+
+        first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
+        duplicates: dict[int, list[int]] = {}
+        for i, (task, cand) in enumerate(pairs):
+            key = (task.id, cand.id, cand.sha256)
+            if key in done:
+                record(i, done[key], fresh=False)
+            elif cand.code is None:
+                record(i, _result(task, cand, Outcome.GENERATION_FAILURE, error=cand.problem, **base))
+            elif (k := _dedupe_key(task, cand)) in first_of:
+                duplicates.setdefault(first_of[k], []).append(i)
+            else:
+                first_of[k] = i
+        todo = sorted(first_of.values())
+        users: dict[str, int] = {}
+        for i in todo:
+            users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
+        run_workers = config.resolved_run_workers(backend, plat.gpu_memory_gib)
+        refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
+        uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
+        pch_thread, batch_over = None, threading.Event()
+        if config.fast_build and uncached:
+            # the light header serves the lighter CUDA attempts only, so CUDA builds only
+            plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached),
+                             light=backend == "cuda")
+            ev.pch, ev.pch_light = planned_pch(plans), planned_pch(plans, light=True)
+            ev.pch_compiler = announce_pch(plans, config.cache_dir)
+            if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
+                def _build() -> None:
+                    build_pch(plans, abandon=batch_over)
+                    ev.pch_compiler = None
+
+                pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
+                pch_thread.start()
+        if todo:  # after the header's build started: starting the fork server waits for its imports
+            ev.warm_up(builds=len(uncached))
+
+        def build_for(i: int) -> _Build:
+            bar.phase(pairs[i][1].id, "build")
+            return ev.build(pairs[i][1].code)
+
+        def process(i: int, build: Future) -> int | None:
+            """Evaluate pair i, whose build is done, and record it; returns i when its task must wait for memory (the
+            caller requeues it)."""
+            task, cand = pairs[i]
+            start, b = time.monotonic(), None
+            try:
+                b = build.result()
+                bar.phase(cand.id, "reference")
+                ref, computed = refs.get(task) if b.ok else (None, False)
+                bar.phase(cand.id, "run")
+                r = _evaluate_one(ev, task, cand, b, ref, base)
+                r.extra["phase_s"] = {"build": round(b.wall_s, 3),
+                                      "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
+                                      **r.extra.get("phase_s", {})}
+                # where the pipeline's time goes: when its build ran and when it was done, on the batch's clock
+                r.extra["timeline_s"] = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
+                                         "done": round(time.monotonic() - ev.began, 2)}
+            except _Deferred:  # nothing was recorded or released: the pair comes back once another task is done
+                bar.phase(cand.id, "waiting for memory")
+                refs.wait_for_room()
+                return i
+            except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
+                r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
+            refs.release(task)
+            r.wall_s = time.monotonic() - start + (b.wall_s if b is not None else 0.0)  # its build, then the rest
+            record(i, r)
+            for j in duplicates.get(i, []):
+                dup = pairs[j][1]
+                record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
+                                        "solution_path": dup.path,
+                                        # the work was done once, for the row above: its seconds are not counted twice
+                                        "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {},
+                                                  "timeline_s": {}}}))
+            return None
+
+        try:
+            with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
+                    ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
+                builds: dict[str, Future] = {}
+                users_of: dict[Future, list[int]] = {}  # a build -> the pairs that wait for it
+                for i in todo:  # submitted in task order
+                    sha = pairs[i][1].sha256
+                    if sha not in builds:
+                        builds[sha] = build_pool.submit(build_for, i)
+                    users_of.setdefault(builds[sha], []).append(i)
+                # each task's reference runs while its candidates build: the run workers and the GPU are idle then
+                for task in {pairs[i][0].id: pairs[i][0] for i in todo}.values():
+                    run_pool.submit(refs.prefetch, task)
+                # a pair goes to the run pool once its build is done, in the order builds end: a run thread never
+                # waits for a build while another pair's build is ready
+                building, pending = set(users_of), set()
+                while building or pending:
+                    finished, _ = wait(building | pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        if f in building:
+                            building.discard(f)
+                            pending.update(run_pool.submit(process, i, f) for i in users_of[f])
+                            continue
+                        pending.discard(f)
+                        if (again := f.result()) is not None:  # to the back of the queue: holders finish first
+                            pending.add(run_pool.submit(process, again, builds[pairs[again][1].sha256]))
+        finally:
+            bar.close()
+            if pch_thread is not None:
+                # a half-written header is never published: the batch's own headers are finished for the next run,
+                # a spare-time one not done yet is left for a run that needs it
+                batch_over.set()
+                pch_thread.join()
+            if store:
+                store.close()
+        return [r for r in results if r is not None]
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         with self._ready_lock:
             for ready in self._ready.values():
@@ -661,149 +829,10 @@ class _References:
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
              resume: bool = False, progress: bool = True,
              on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
-    """Evaluate every (task, candidate) pair; results come back in input order.
-
-    With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
-    pairs already in that database are not evaluated again. Identical (task, code) pairs are evaluated once.
-    """
-    config.check()
-    backend = config.resolved_backend()
-    plat = Platform.detect(backend)
-    store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
-    if store:
-        store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
-        store.set_meta("platform", plat.__dict__)
-    done: dict[tuple[str, str, str], EvalResult] = {}
-    if store and resume:
-        done = store.finished()
-    ev = Evaluator(config, plat)
-    results: list[EvalResult | None] = [None] * len(pairs)
-    base = dict(backend=plat.backend, hardware=plat.hardware, torch_version=plat.torch_version,
-                harness_version=__version__)
-    lock = threading.Lock()
-    bar = _Progress(len(pairs), enabled=progress)
-
-    def record(i: int, r: EvalResult, fresh: bool = True) -> None:
-        with lock:
-            results[i] = r
-            if store and fresh:
-                store.put(r)
-            bar.advance(r, resumed=not fresh)
-        if on_result:
-            on_result(r)
-
-    first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
-    duplicates: dict[int, list[int]] = {}
-    for i, (task, cand) in enumerate(pairs):
-        key = (task.id, cand.id, cand.sha256)
-        if key in done:
-            record(i, done[key], fresh=False)
-        elif cand.code is None:
-            record(i, _result(task, cand, Outcome.GENERATION_FAILURE, error=cand.problem, **base))
-        elif (k := _dedupe_key(task, cand)) in first_of:
-            duplicates.setdefault(first_of[k], []).append(i)
-        else:
-            first_of[k] = i
-    todo = sorted(first_of.values())
-    users: dict[str, int] = {}
-    for i in todo:
-        users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
-    run_workers = config.resolved_run_workers(backend, plat.gpu_memory_gib)
-    refs = _References(ev, users, OutputLedger(_output_budget_bytes(config)), run_workers)
-    uncached = [pairs[i][1].code for i in todo if not ev.is_cached(pairs[i][1].code)]
-    pch_thread, batch_over = None, threading.Event()
-    if config.fast_build and uncached:
-        # the light header serves the lighter CUDA attempts only, so CUDA builds only
-        plans = plan_pch(config.cache_dir, with_cuda=backend == "cuda", variants=pch_variants(uncached),
-                         light=backend == "cuda")
-        ev.pch, ev.pch_light = planned_pch(plans), planned_pch(plans, light=True)
-        ev.pch_compiler = announce_pch(plans, config.cache_dir)
-        if ev.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
-            def _build() -> None:
-                build_pch(plans, abandon=batch_over)
-                ev.pch_compiler = None
-
-            pch_thread = threading.Thread(target=_build, name="pch", daemon=True)
-            pch_thread.start()
-    if todo:  # after the header's build started: starting the fork server waits for its imports
-        ev.warm_up(builds=len(uncached))
-
-    def build_for(i: int) -> _Build:
-        bar.phase(pairs[i][1].id, "build")
-        return ev.build(pairs[i][1].code)
-
-    def process(i: int, build: Future) -> int | None:
-        """Evaluate pair i, whose build is done, and record it; returns i when its task must wait for memory (the
-        caller requeues it)."""
-        task, cand = pairs[i]
-        start, b = time.monotonic(), None
-        try:
-            b = build.result()
-            bar.phase(cand.id, "reference")
-            ref, computed = refs.get(task) if b.ok else (None, False)
-            bar.phase(cand.id, "run")
-            r = _evaluate_one(ev, task, cand, b, ref, base)
-            r.extra["phase_s"] = {"build": round(b.wall_s, 3),
-                                  "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
-                                  **r.extra.get("phase_s", {})}
-            # where the pipeline's time goes: when its build ran and when it was done, on the batch's clock
-            r.extra["timeline_s"] = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
-                                     "done": round(time.monotonic() - ev.began, 2)}
-        except _Deferred:  # nothing was recorded or released: the pair comes back once another task is done
-            bar.phase(cand.id, "waiting for memory")
-            refs.wait_for_room()
-            return i
-        except Exception as e:  # noqa: BLE001 - our own fault: record it, keep the batch going
-            r = _result(task, cand, Outcome.HARNESS_ERROR, error=f"{type(e).__name__}: {e}", **base)
-        refs.release(task)
-        r.wall_s = time.monotonic() - start + (b.wall_s if b is not None else 0.0)  # its build, then the rest
-        record(i, r)
-        for j in duplicates.get(i, []):
-            dup = pairs[j][1]
-            record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
-                                    "solution_path": dup.path,
-                                    # the work was done once, for the row above: its seconds are not counted twice
-                                    "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {},
-                                              "timeline_s": {}}}))
-        return None
-
-    try:
-        with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
-                ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
-            builds: dict[str, Future] = {}
-            users_of: dict[Future, list[int]] = {}  # a build -> the pairs that wait for it
-            for i in todo:  # submitted in task order
-                sha = pairs[i][1].sha256
-                if sha not in builds:
-                    builds[sha] = build_pool.submit(build_for, i)
-                users_of.setdefault(builds[sha], []).append(i)
-            # each task's reference runs while its candidates build: the run workers and the GPU are idle then
-            for task in {pairs[i][0].id: pairs[i][0] for i in todo}.values():
-                run_pool.submit(refs.prefetch, task)
-            # a pair goes to the run pool once its build is done, in the order builds end: a run thread never
-            # waits for a build while another pair's build is ready
-            building, pending = set(users_of), set()
-            while building or pending:
-                finished, _ = wait(building | pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    if f in building:
-                        building.discard(f)
-                        pending.update(run_pool.submit(process, i, f) for i in users_of[f])
-                        continue
-                    pending.discard(f)
-                    if (again := f.result()) is not None:  # to the back of the queue: holders finish first
-                        pending.add(run_pool.submit(process, again, builds[pairs[again][1].sha256]))
-    finally:
-        bar.close()
-        if pch_thread is not None:
-            # a half-written header is never published: the batch's own headers are finished for the next run,
-            # a spare-time one not done yet is left for a run that needs it
-            batch_over.set()
-            pch_thread.join()
-        ev.close()
-        if store:
-            store.close()
-    return [r for r in results if r is not None]
+    """Evaluate every (task, candidate) pair in a session of its own (`Evaluator.evaluate`); results come back in
+    input order."""
+    with Evaluator(config) as ev:
+        return ev.evaluate(pairs, out_dir=out_dir, resume=resume, progress=progress, on_result=on_result)
 
 
 def _output_budget_bytes(config: EvalConfig) -> int:
