@@ -25,7 +25,7 @@ The second call skips the pre-compile and the baseline, keeps the first call's s
 candidates, and adds its own eval phase to the first one's; it refuses to start when the pre-compiled libraries
 are gone (another machine).
 --cold-repeats N evaluates the KB subset cold N times (a fresh cache each, about a minute each on the H200),
-reports the median run and shows the ratio for every run: two runs differed by 10 % in the ninth session, as
+reports the median run and shows the ratio for every run: two runs on one H200 differed by 10 % (`8c4f433`), as
 much as the distance to the 10x target.
 
 **Batch** (CUDA): tasks are DICE infilling pairs (`pytorch_code`), chosen by --seed among those whose kernels
@@ -49,7 +49,7 @@ correct, a quarter numerically wrong, and one each of a compile error, a Python 
 task and a truncated output; and, because sampling at moderate temperature repeats itself on easy tasks, 5 of
 12 samples repeat an earlier sample (exactly or up to comments and layout). These are assumptions, not
 measurements: `distinct programs` in the report says how much of our advantage comes from not re-evaluating
-repeats. Pairs whose references exceeded the harness's memory/output limits on the H200 (docs/benchmarks.md)
+repeats. Pairs whose references exceeded the harness's memory/output limits on the H200 (`532c985`)
 are left out: the comparison is about candidates, not about tasks neither evaluator can run.
 
 **Smoke** (--smoke, CPU): the package's examples: ReLU (correct, exact and layout duplicates, wrong, broken)
@@ -62,7 +62,7 @@ headline rate). When --time-budget-s stops the KernelBench-style eval early, its
 candidates only, with its pre-compile (done for all) charged pro rata. Its pre-compile starts a fresh process
 per build, so its eval phase reuses every library it pre-compiled; `--kb-reuse-precompile-workers` keeps
 KernelBench's pool of reused processes, in which torch's extension versioning made the eval phase build 2-3
-pre-compiled programs again in every H200 run up to the twelfth session (`kernelbench_style.py`).
+pre-compiled programs again in every H200 run up to `88ba089` (`kernelbench_style.py`).
 "Where the time goes" sums per-phase seconds over candidates (ours: `EvalResult.extra["phase_s"]` of each
 evaluated program, duplicates skipped, a dotted key such as run.trials being part of the key before the dot,
 plus the one-off precompiled-header build; KernelBench-style: per-process phases of the eval phase plus the
@@ -105,7 +105,7 @@ from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E40
 
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
-# references beyond the harness's host-memory / output limits on the H200 run (docs/benchmarks.md)
+# references beyond the harness's host-memory / output limits on the H200 run at `532c985`
 EXCLUDED_PAIRS = {"3497", "6995", "6936"}
 KINDS = ("correct", "wrong_offset", "dup_exact", "compile_error", "dup_layout", "python_error", "foreign",
          "wrong_scale", "dup_exact", "dup_exact_wrong", "dup_layout", "truncated")

@@ -55,7 +55,7 @@ class EvalConfig:
     # builds in flight, 1.25 a core: a cold build compiles one unit while its main.cpp waits for the precompiled
     # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
     # 20 for 16 cores, and forked workers, a 20-build batch finished 10-20 % sooner on the H200
-    # (docs/benchmarks.md, fifteenth session; before forked workers, 1.5 a core had been 4-6 % slower)
+    # (an A/B at `492d3be`; before forked workers, 1.5 a core had been 4-6 % slower)
     jobs: int = max(1, (os.cpu_count() or 2) * 5 // 4)
     # concurrent run workers (timing is still one at a time); 0: 1 on cpu; on cuda 4, or 8 on a GPU of
     # BIG_GPU_GIB or more (builds that end together leave their runs queued behind 4, among them the profiler's

@@ -307,7 +307,7 @@ def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.0
     The tail starts when the call's own stream is seen done (a spin on its end event) and ends when the whole
     device (every stream) or, on CPU, every thread the call started is done; a no-op call's tail is taken off.
     Host launch latency and a synchronize's wake-up under CPU load fall before the tail starts, so neither can
-    flag an honest kernel: the fourth and fifth H200 sessions saw both push the whole step's host time 20-40 us
+    flag an honest kernel: H200 runs at `bc30937` and `692c025` saw both push the whole step's host time 20-40 us
     above the events of honest microsecond kernels, which the earlier rule (host time against events) read as
     escapes. A flagged candidate is reported at median + tail (`effective_time_ms`) and the harness marks it
     `work_escaped_default_stream`."""
