@@ -1,10 +1,12 @@
-"""Decoding throughput of the block-diffusion sampler (static, block 4, 1 and 2 tokens per forward) next to an
-autoregressive decode of the same model through the same KV cache and attention code. Random bf16 weights.
+"""Decoding throughput of the block-diffusion sampler (static, block 4, 1 and 2 tokens per forward), eager and with
+CUDA graphs side by side, next to an autoregressive decode of the same model through the same KV cache and
+attention code (eager). Random bf16 weights.
 
     python benchmarks/decode_throughput.py --out decode.json            # SDAR-4B shapes on one GPU
     python benchmarks/decode_throughput.py --smoke --out /tmp/d.json    # tiny shapes on CPU: does it run?
 
-Tokens/s = generated tokens / wall time of the whole call (prefill included) after one warm-up call.
+Tokens/s = generated tokens / wall time of the whole call (prefill and graph captures included) after one warm-up
+call (graphs are captured per call, so the timed call pays for its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dice_kernels.sampling.strategies import sample_tokens
 
 TARGET_BATCH128_TPS = 3700
 TARGET_SPEEDUP_2TPF = 2.0
+EAGER_BATCH128_TPS = 4238  # docs/benchmarks.md, 2026-11-30, before CUDA graphs
+TARGET_GRAPHS_BATCH128_TPS = 2 * EAGER_BATCH128_TPS
 
 
 @torch.inference_mode()
@@ -87,11 +91,12 @@ def main() -> None:
         prompt_lists = prompts.tolist()
         runs = {}
         for per_forward in (1, 2):
-            sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
-                                      strategy="static")
-            decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
-            seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
-            runs[f"block4_{per_forward}tok_per_forward"] = (seconds, out.forwards)
+            for graphs in (False, True):
+                sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
+                                          strategy="static", cuda_graphs=graphs)
+                decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
+                seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
+                runs[f"block4_{per_forward}tok_{'graphs' if graphs else 'eager'}"] = (seconds, out.forwards)
         autoregressive_decode(model, prompts, 16)  # warm-up
         seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
         runs["autoregressive"] = (seconds, args.new_tokens)
@@ -102,25 +107,30 @@ def main() -> None:
     def tps(batch: int, mode: str) -> float:
         return next(r["tokens_per_s"] for r in rows if r["batch"] == batch and r["mode"] == mode)
 
-    speedups = {b: tps(b, "block4_2tok_per_forward") / tps(b, "autoregressive") for b in batches}
+    speedups = {b: tps(b, "block4_2tok_eager") / tps(b, "autoregressive") for b in batches}
+    graph_gain = {b: tps(b, "block4_1tok_graphs") / tps(b, "block4_1tok_eager") for b in batches}
     print(f"model {args.model if not args.smoke else 'smoke'} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {dtype}")
     print(f"{'batch':>5}  {'mode':<26} {'forwards':>8} {'ms/fwd':>8} {'tokens/s':>10}")
     for r in rows:
         print(f"{r['batch']:>5}  {r['mode']:<26} {r['forwards']:>8} {r['ms_per_forward']:>8.2f} {r['tokens_per_s']:>10.0f}")
     for b, s in speedups.items():
-        print(f"batch {b}: 2 tokens/forward vs autoregressive: {s:.2f}x (target >= {TARGET_SPEEDUP_2TPF}x)")
+        print(f"batch {b}: 2 tokens/forward (eager) vs autoregressive: {s:.2f}x (target >= {TARGET_SPEEDUP_2TPF}x); "
+              f"1 token/forward, graphs vs eager: {graph_gain[b]:.2f}x")
     targets = {}
     if 128 in batches:
-        targets["batch128_1tok_per_forward_tokens_per_s"] = {"value": tps(128, "block4_1tok_per_forward"),
-                                                             "target": TARGET_BATCH128_TPS}
-        print(f"batch 128 at 1 token/forward: {tps(128, 'block4_1tok_per_forward'):.0f} tokens/s "
-              f"(target >= {TARGET_BATCH128_TPS})")
+        targets["batch128_1tok_eager_tokens_per_s"] = {"value": tps(128, "block4_1tok_eager"),
+                                                       "target": TARGET_BATCH128_TPS}
+        targets["batch128_1tok_graphs_tokens_per_s"] = {"value": tps(128, "block4_1tok_graphs"),
+                                                        "target": TARGET_GRAPHS_BATCH128_TPS}
+        print(f"batch 128 at 1 token/forward: eager {tps(128, 'block4_1tok_eager'):.0f} tokens/s (target >= "
+              f"{TARGET_BATCH128_TPS}), graphs {tps(128, 'block4_1tok_graphs'):.0f} tokens/s (target >= "
+              f"{TARGET_GRAPHS_BATCH128_TPS}: 2x the eager decoder's {EAGER_BATCH128_TPS} of 2026-11-30)")
     report = {
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "rows": rows, "speedup_2tok_vs_ar": speedups, "targets": targets,
+        "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)

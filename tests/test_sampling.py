@@ -209,3 +209,22 @@ def test_cached_decoding_on_gpu_matches_uncached():
     cached = decode(model, PROMPTS, cfg, NO_STOP)
     uncached = decode(model, PROMPTS, SamplingConfig(**{**cfg.__dict__, "use_cache": False}), NO_STOP)
     assert cached.tokens == uncached.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("strategy, temperature, steps", [("static", 0.0, 4), ("static", 0.0, 2),
+                                                           ("dynamic", 1.0, 4)])
+def test_cuda_graph_and_eager_decoding_give_identical_tokens(dtype, strategy, temperature, steps):
+    """Graph replay is the eager forward recorded: same tokens and trajectories, across many captured shapes
+    (300 new tokens cross several 128-slot spans, with and without committing rows)."""
+    model = tiny_model().to("cuda", dtype)
+    prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130, 250)]
+    cfg = SamplingConfig(max_new_tokens=300, steps=steps, strategy=strategy, temperature=temperature,
+                         threshold=0.3, seed=3)
+    graphed = decode(model, prompts, cfg, NO_STOP)
+    eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "cuda_graphs": False}), NO_STOP)
+    assert graphed.tokens == eager.tokens
+    assert graphed.unmask_steps == eager.unmask_steps
+    assert graphed.forwards == eager.forwards
