@@ -16,12 +16,14 @@ from dice_kernels import __version__
 from dice_kernels.data.cli import app as data_app
 from dice_kernels.bench.cli import app as bench_app
 from dice_kernels.sampling.cli import generate
+from dice_kernels.train.cli import app as train_app
 
 app = typer.Typer(help="dice-kernels: train diffusion LLMs to write CUDA kernels, and evaluate kernels honestly.",
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=True)
 app.add_typer(data_app, name="data")  # stage commands live with their stage (heavy imports stay inside them)
 app.command("generate")(generate)
+app.add_typer(train_app, name="train")
 app.add_typer(bench_app, name="bench")
 
 EXAMPLES = Path(__file__).parent / "examples"

@@ -1,0 +1,234 @@
+"""Where a trainer's weights come from and go: the initial model (a Hugging Face directory, or random init of a
+shape) built straight into its FSDP shards; resumable states (model, optimizer, trainer state, RNG) written with
+torch.distributed.checkpoint under <out_dir>/checkpoints/step-N; Hugging Face exports gathered on rank 0."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dice_kernels.model.checkpoint import load_config, load_model, save_model
+from dice_kernels.model.config import SDAR_SHAPES, ModelConfig
+from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.train.config import ModelSection, ParallelConfig
+from dice_kernels.train.distributed import Dist, barrier, parallelize
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "train_state.json"  # written last: a step directory without it was never finished
+PARTIAL = ".partial"
+# A small random model for CPU runs (CI, first contact); its vocabulary is the tokenizer's.
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, rope_theta=1e4, tie_word_embeddings=True)
+SHAPES = ("tiny", *SDAR_SHAPES)
+PAD_TOKEN = "<|endoftext|>"  # SDAR pads samples to whole blocks with it, and trains on it
+
+
+class ModelSetupError(ValueError):
+    """A model / tokenizer pair a trainer cannot use; the message names the directory and what to change."""
+
+
+# --------------------------------------------------------------------------- initial model
+
+
+def load_tokenizer_for(section: ModelSection) -> Any:
+    from dice_kernels.model.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(section.tokenizer_dir)
+    except (OSError, ValueError) as e:
+        raise ModelSetupError(f"{section.tokenizer_dir}: cannot load the tokenizer ({e}); model.tokenizer must "
+                              "be a directory with tokenizer.json") from None
+
+
+def model_config(section: ModelSection, tokenizer: Any) -> ModelConfig:
+    """The model's shape, block size and mask id, checked against the tokenizer.
+
+    The mask id is the config's (a checkpoint), else the tokenizer's mask token, else the first id past the
+    tokenizer's vocabulary (SDAR's convention: 151669 = len(Qwen3's tokenizer)). It must not be an ordinary token.
+    """
+    from dice_kernels.model.checkpoint import CheckpointError
+
+    declared = tokenizer.mask_token_id
+    if section.checkpoint:
+        try:
+            cfg = load_config(section.checkpoint)
+        except CheckpointError as e:
+            raise ModelSetupError(str(e)) from None
+    elif section.shape == "tiny":
+        mask = declared if declared is not None else len(tokenizer)
+        vocab = -(-max(len(tokenizer), mask + 1) // 64) * 64
+        cfg = ModelConfig(vocab_size=vocab, mask_token_id=mask, dtype="float32", **TINY_SHAPE)
+    elif section.shape in SDAR_SHAPES:
+        cfg = SDAR_SHAPES[section.shape]
+        if declared is not None:
+            cfg = replace(cfg, mask_token_id=declared)
+    else:
+        raise ModelSetupError(f"model.shape {section.shape!r} is not one of {', '.join(SHAPES)}")
+    where = section.checkpoint or section.tokenizer_dir
+    mask = cfg.mask_token_id
+    if mask is None:
+        raise ModelSetupError(f"{where}: no mask token (the tokenizer declares none and config.json has no "
+                              "mask_token_id): add mask_token to tokenizer_config.json or mask_token_id to config.json")
+    if declared is not None and declared != mask:
+        raise ModelSetupError(f"{where}: config.json's mask_token_id {mask} differs from the tokenizer's mask token "
+                              f"id {declared}")
+    if mask < len(tokenizer) and declared is None:
+        raise ModelSetupError(f"{where}: mask_token_id {mask} is the ordinary token "
+                              f"{tokenizer.convert_ids_to_tokens(mask)!r} of the tokenizer; declare a mask token")
+    if len(tokenizer) > cfg.vocab_size:
+        raise ModelSetupError(f"{where}: the tokenizer has {len(tokenizer)} tokens, more than the model's "
+                              f"vocab_size {cfg.vocab_size}")
+    if pad_token_id(tokenizer) is None:
+        raise ModelSetupError(f"{section.tokenizer_dir}: the tokenizer has no {PAD_TOKEN}, pad or eos token")
+    return cfg
+
+
+def pad_token_id(tokenizer: Any) -> int | None:
+    """<|endoftext|> (SDAR's pad-to-block token), else the tokenizer's pad, else its eos."""
+    vocab = tokenizer.get_vocab()
+    if PAD_TOKEN in vocab:
+        return vocab[PAD_TOKEN]
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _init_weights(model: BlockDiffusionLM, seed: int) -> None:
+    """Random init that does not depend on the number of ranks: each parameter's full tensor comes from a
+    generator seeded by (seed, parameter index) on this rank's device, and the rank keeps its shard."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            device = p.device
+            gen = torch.Generator(device).manual_seed(seed * 100_003 + i)
+            if name.endswith("norm.weight"):
+                full = torch.ones(p.shape, device=device)
+            else:
+                full = torch.randn(p.shape, generator=gen, device=device).mul_(0.02)
+            if isinstance(p, DTensor):
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+            p.copy_(full)
+
+
+def build_model(section: ModelSection, parallel: ParallelConfig, dist: Dist,
+                tokenizer: Any) -> BlockDiffusionLM:
+    """The initial model, sharded over all ranks with fp32 master weights: built on the meta device, sharded,
+    then materialised shard by shard (a checkpoint is read on rank 0 only and broadcast)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    cfg = replace(model_config(section, tokenizer), dtype="float32")
+    with torch.device("meta"):
+        model = BlockDiffusionLM(cfg)
+    parallelize(model, model.model.layers, parallel, dist.device, forward_methods=("hidden_states",))
+    model.to_empty(device=dist.device)
+    if section.checkpoint:
+        full = load_model(section.checkpoint, dtype=torch.float32).state_dict() if dist.is_main else {}
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full
+    else:
+        _init_weights(model, section.seed)
+    return model
+
+
+# --------------------------------------------------------------------------- resumable states
+
+
+def _step_dir(out_dir: Path, step: int) -> Path:
+    return out_dir / CHECKPOINTS / f"step-{step:08d}"
+
+
+def complete_checkpoints(out_dir: Path) -> list[Path]:
+    """Finished resumable states, oldest first (a save killed half-way has no train_state.json, or is .partial)."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if p.suffix != PARTIAL and (p / STATE_FILE).is_file())
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    found = complete_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def _states(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+
+
+def save_state(out_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict,
+               dist: Dist, keep: int) -> Path:
+    """Write a resumable state for `step` (collective: every rank calls it).
+
+    Sharded model and optimizer through DCP, each rank's RNG, and `trainer_state` (JSON: data position,
+    scheduler, anything the trainer needs to continue exactly). The directory is renamed into place only once
+    complete, so a kill at any moment leaves the previous state usable. Keeps the newest `keep` states.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    final = _step_dir(out_dir, step)
+    partial = final.with_suffix(PARTIAL)
+    if dist.is_main:
+        shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
+        partial.mkdir(parents=True)
+    barrier()
+    dcp.save(_states(model, optimizer), checkpoint_id=partial)
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if dist.device.type == "cuda"
+                else None}, partial / f"rng-rank{dist.rank}.pt")
+    barrier()
+    if dist.is_main:
+        (partial / STATE_FILE).write_text(json.dumps({"step": step, **trainer_state}, indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        for old in complete_checkpoints(out_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def load_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
+    """Restore model, optimizer and this rank's RNG from a `save_state` directory; return its trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    states = _states(model, optimizer)
+    dcp.load(states, checkpoint_id=path)
+    set_model_state_dict(model, states["model"])
+    set_optimizer_state_dict(model, optimizer, states["optim"])
+    rng_file = path / f"rng-rank{dist.rank}.pt"
+    if rng_file.is_file():  # absent when resuming on more ranks than saved: RNG then restarts from the seed
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["cpu"])
+        if rng["cuda"] is not None and dist.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((path / STATE_FILE).read_text())
+
+
+# --------------------------------------------------------------------------- Hugging Face export
+
+
+def export_hf(model: BlockDiffusionLM, directory: Path, tokenizer_dir: str | Path, dtype: str, dist: Dist) -> Path:
+    """Gather the full state dict on rank 0 and write a Hugging Face directory that model/checkpoint.py
+    `load_model` and `dice generate` read (collective: every rank calls it). Written beside, then renamed."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_main:
+        cfg = replace(model.config, dtype=dtype)
+        with torch.device("meta"):
+            plain = BlockDiffusionLM(cfg)
+        plain.load_state_dict({k: v.to(cfg.torch_dtype) for k, v in full.items()}, assign=True)
+        plain.tie_weights()
+        partial = directory.with_name(directory.name + PARTIAL)
+        shutil.rmtree(partial, ignore_errors=True)
+        save_model(plain, partial, tokenizer_dir=tokenizer_dir)
+        shutil.rmtree(directory, ignore_errors=True)
+        partial.rename(directory)
+    del full
+    barrier()
+    return directory

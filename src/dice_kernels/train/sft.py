@@ -1,0 +1,198 @@
+"""`dice train sft`: supervised fine-tuning of a block-diffusion model on CuKe rows with the SDAR objective
+(train/objective.py). `SFTConfig` is the whole run's config; `run_sft` is the loop every rank runs (torchrun or a
+single process): build, resume, step, log, save, export."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from dice_kernels.train import config as config_io
+from dice_kernels.train.checkpointing import (build_model, export_hf, latest_checkpoint, load_state,
+                                              load_tokenizer_for, pad_token_id, save_state)
+from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
+                                       OptimConfig, ParallelConfig)
+from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backend, init_distributed, shutdown
+from dice_kernels.train.metrics import Metrics
+from dice_kernels.train.objective import Corruption, PackedBatch, corrupt, sft_loss
+from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
+from dice_kernels.train.sft_data import SFTData, SFTDataConfig
+
+
+class TrainError(ValueError):
+    """A run that cannot start as configured; the message names the setting or directory."""
+
+
+@dataclass
+class SFTLoopConfig:
+    epochs: int = 3
+    max_steps: int = 0  # > 0: stop after this many optimizer steps instead (the lr schedule spans them)
+    global_batch_rows: int = 32  # packed rows per optimizer step, over all ranks
+    micro_batch_rows: int = 1  # rows per forward/backward on one rank (the rest is gradient accumulation)
+    seed: int = 0  # data order and noise
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.max_steps < 0 or self.global_batch_rows < 1 or self.micro_batch_rows < 1:
+            raise ConfigError("train.epochs, global_batch_rows, micro_batch_rows must be >= 1 and max_steps >= 0")
+
+    def accumulation(self, world_size: int) -> int:
+        per_rank, rest = divmod(self.global_batch_rows, world_size * self.micro_batch_rows)
+        if rest or not per_rank:
+            raise TrainError(f"train.global_batch_rows ({self.global_batch_rows}) must be a multiple of "
+                             f"train.micro_batch_rows ({self.micro_batch_rows}) x {world_size} ranks")
+        return per_rank
+
+
+@dataclass
+class SFTConfig:
+    out_dir: str = "runs/sft"
+    model: ModelSection = field(default_factory=ModelSection)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    train: SFTLoopConfig = field(default_factory=SFTLoopConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+def _rows(batch: PackedBatch | Corruption, start: int, stop: int, device: torch.device):
+    return type(batch)(**{k: v[start:stop].to(device, non_blocking=True) for k, v in vars(batch).items()})
+
+
+@dataclass
+class StepResult:
+    loss: float  # the global batch's loss (sum of CE/p over masked tokens / response tokens, all ranks)
+    grad_norm: float
+    response_tokens: int
+
+
+def train_step(model, optimizer, batch: PackedBatch, corruption: Corruption, dist: Dist, micro_rows: int,
+               backend: str, max_norm: float) -> StepResult:
+    """One optimizer step on this rank's share of the global batch, in micro-batches.
+
+    Every micro-batch's loss is scaled to (its sum of CE/p) / (response tokens of the *global* batch) x world
+    size, so after FSDP's mean over ranks the gradient is that of the global batch's loss, whatever the number of
+    ranks and micro-batches.
+    """
+    block = model.config.block_size
+    per_rank = batch.input_ids.shape[0] // dist.world_size
+    first = dist.rank * per_rank
+    total_response = int(batch.response.sum())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
+    for start in range(first, first + per_rank, micro_rows):
+        last = start + micro_rows >= first + per_rank
+        model.set_requires_gradient_sync(last)  # reduce-scatter once per step, not per micro-batch
+        micro = _rows(batch, start, start + micro_rows, dist.device)
+        micro_noise = _rows(corruption, start, start + micro_rows, dist.device)
+        response = micro.response.sum()
+        loss = sft_loss(model, micro, micro_noise, block, backend)  # / this micro-batch's response tokens
+        weighted = loss * response / max(total_response, 1)
+        (weighted * dist.world_size).backward()
+        loss_sum += weighted.detach()
+    grad_norm = clip_grad_norm(model, max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(all_reduce_sum(loss_sum, dist.device), grad_norm, total_response)
+
+
+def _noise(batch: PackedBatch, mask_id: int, seed: int, step: int) -> Corruption:
+    """The global batch's corruption, drawn on the CPU from (seed, step) alone: the same on every rank, for any
+    number of ranks, and after a resume."""
+    return corrupt(batch, mask_id, torch.Generator().manual_seed(seed * 1_000_003 + step))
+
+
+def run_sft(cfg: SFTConfig, resume: bool = False, console: Console | None = None) -> Path:
+    """Train as configured (collective: every rank runs it) and return the final export's directory."""
+    dist = init_distributed()
+    try:
+        return _run(cfg, resume, dist, console or Console(stderr=True))
+    finally:
+        shutdown()
+
+
+def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
+    out = Path(cfg.out_dir)
+    say = console.print if dist.is_main else (lambda *a, **k: None)
+    previous = latest_checkpoint(out)
+    if previous is not None and not resume:
+        raise TrainError(f"{out} already holds resumable states (newest {previous.name}): pass --resume to "
+                         "continue that run, or set out_dir to a new directory")
+    accumulation = cfg.train.accumulation(dist.world_size)
+    if dist.is_main:
+        config_io.save(cfg, out)
+        say(f"[bold]config[/] ({out / 'config.toml'}):")
+        say(config_io.to_toml(cfg), markup=False, highlight=False)
+
+    tokenizer = load_tokenizer_for(cfg.model)
+    model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
+    mcfg = model.config
+    data = SFTData.load(cfg.data, tokenizer, mcfg.block_size, pad_token_id(tokenizer), cfg.train.global_batch_rows,
+                        cfg.train.seed)
+    total = cfg.train.max_steps or data.total_steps(cfg.train.epochs)
+    s = data.stats
+    say(f"data: {s.rows} rows -> {len(data.samples)} samples ({s.truncated} truncated, {s.dropped} dropped at "
+        f"cutoff {cfg.data.cutoff}, overflow={cfg.data.overflow}), {s.tokens:,} tokens, "
+        f"{len(data.epoch_rows(0))} rows of {data.row_len} per epoch; {total} steps of "
+        f"{cfg.train.global_batch_rows} rows ({dist.world_size} rank(s) x {accumulation} x "
+        f"{cfg.train.micro_batch_rows})")
+    backend = attention_backend(cfg.parallel, dist.device)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, total, cfg.optim)
+
+    start = 0
+    if resume and previous is not None:
+        state = load_state(previous, model, optimizer, dist)
+        if state["data_fingerprint"] != data.fingerprint:
+            raise TrainError(f"{previous}: saved with other data or packing settings than this config's "
+                             f"({cfg.data.path}); resume with the run's own config ({out / 'config.toml'})")
+        scheduler.load_state_dict(state["scheduler"])
+        start = state["step"]
+        say(f"resumed from {previous} (step {start}, epoch {state['epoch']})")
+    elif resume:
+        say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
+
+    ck = cfg.checkpoint
+    tokens_seen = 0
+    with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
+                 console=console) as metrics:
+        for step in range(start, total):
+            began = time.perf_counter()
+            step_data = data.step(step)
+            noise = _noise(step_data.batch, mcfg.mask_token_id, cfg.train.seed, step)
+            result = train_step(model, optimizer, step_data.batch, noise, dist, cfg.train.micro_batch_rows, backend,
+                                cfg.optim.grad_clip)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            seconds = time.perf_counter() - began
+            tokens_seen += step_data.tokens
+            if not math.isfinite(result.loss):
+                raise TrainError(f"step {step + 1}: loss is {result.loss}; lower optim.lr or check the data")
+            done = step + 1
+            metrics.log(done, {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                               "tokens_per_s": step_data.tokens / seconds, "step_s": seconds,
+                               "tokens": step_data.tokens, "epoch": step_data.epoch})
+            if ck.every_steps and done % ck.every_steps == 0 and done < total:
+                save_state(out, done, model, optimizer, _trainer_state(data, scheduler, done), dist, ck.keep)
+            if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
+                export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype, dist)
+            if cfg.debug.sigkill_after_step == done:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if start < total or previous is None:
+            save_state(out, total, model, optimizer, _trainer_state(data, scheduler, total), dist, ck.keep)
+        final = export_hf(model, out / "final", cfg.model.tokenizer_dir, ck.export_dtype, dist)
+        metrics.note(f"trained {total - start} step(s), {tokens_seen:,} tokens; Hugging Face export: {final}")
+    return final
+
+
+def _trainer_state(data: SFTData, scheduler, step: int) -> dict:
+    epoch, in_epoch = data.position(step)
+    return {"epoch": epoch, "step_in_epoch": in_epoch, "data_fingerprint": data.fingerprint,
+            "scheduler": scheduler.state_dict()}
