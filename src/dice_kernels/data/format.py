@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Iterator
 
 from dice_kernels.data.infill import InfillSplit, split_program
-from dice_kernels.prompts import (EXAMPLE_MODEL_NEW, SYSTEM_PROMPT, chat_prompt, chat_response, code_block,
-                                       e2e_user, infill_user)
+from dice_kernels.prompts import (EXAMPLE_MODEL_NEW, EXAMPLE_MODEL_NEW_CPU, SYSTEM_PROMPT, chat_prompt, chat_response,
+                                  code_block, e2e_user, infill_user)
 from dice_kernels.data.records import PairRecord, write_jsonl
 
 E2E, INFILL = "e2e", "infill"
@@ -32,33 +32,36 @@ class SFTRow:
     response: str  # assistant text, ending with <|im_end|>
 
 
-@lru_cache(maxsize=1)
-def _example_cut() -> tuple[str, str, str]:
-    s = split_program(EXAMPLE_MODEL_NEW)
+@lru_cache(maxsize=2)
+def example_cut(backend: str = "cuda") -> tuple[str, str, str]:
+    """The infilling cut of the prompts' worked example (the C++ one for backend "cpu")."""
+    s = split_program(EXAMPLE_MODEL_NEW_CPU if backend == "cpu" else EXAMPLE_MODEL_NEW)
     return s.prefix, s.core, s.suffix
 
 
-def e2e_prompt(reference: str, system: str | None = SYSTEM_PROMPT) -> str:
-    return chat_prompt(e2e_user(reference), system)
+def e2e_prompt(reference: str, system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> str:
+    return chat_prompt(e2e_user(reference, backend), system)
 
 
-def infill_prompt(reference: str, split: InfillSplit, system: str | None = SYSTEM_PROMPT) -> str:
-    return chat_prompt(infill_user(reference, split.prefix, split.suffix, _example_cut()), system)
+def infill_prompt(reference: str, split: InfillSplit, system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> str:
+    return chat_prompt(infill_user(reference, split.prefix, split.suffix, example_cut(backend), backend), system)
 
 
 def sft_rows(records: list[PairRecord], splits: dict[str, InfillSplit], kinds: tuple[str, ...] = (E2E, INFILL),
-             system: str | None = SYSTEM_PROMPT) -> list[SFTRow]:
-    """One e2e row per pair and one infill row per pair that has a split; both answer with the whole program."""
+             system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> list[SFTRow]:
+    """One e2e row per pair and one infill row per pair that has a split; both answer with the whole program.
+    backend "cpu" words the prompts for C++ kernels (prompts.e2e_user), as the RL rollouts and `dice bench` do."""
     rows = []
     for r in records:
         response = chat_response(code_block(r.kernel))
         common = dict(pair_id=r.id, source=r.source, level=r.level, speedup=r.verification.speedup,
                       response=response)
         if E2E in kinds:
-            rows.append(SFTRow(id=f"{r.id}#{E2E}", kind=E2E, prompt=e2e_prompt(r.reference, system), **common))
+            rows.append(SFTRow(id=f"{r.id}#{E2E}", kind=E2E, prompt=e2e_prompt(r.reference, system, backend), **common))
         if INFILL in kinds and r.id in splits:
             rows.append(SFTRow(id=f"{r.id}#{INFILL}", kind=INFILL,
-                               prompt=infill_prompt(r.reference, splits[r.id], system), **common))
+                               prompt=infill_prompt(r.reference, splits[r.id], system, backend),
+                               **common))
     return rows
 
 
@@ -84,17 +87,17 @@ def by_difficulty(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda row: row["level"] if row["level"] is not None else 1 << 30)
 
 
-def rl_e2e_tasks(records: list[PairRecord], system: str | None = SYSTEM_PROMPT) -> list[dict]:
+def rl_e2e_tasks(records: list[PairRecord], system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> list[dict]:
     return by_difficulty([{"id": r.id, "source": r.source, "level": r.level, "reference": r.reference,
-                           "prompt": e2e_prompt(r.reference, system)} for r in records])
+                           "prompt": e2e_prompt(r.reference, system, backend)} for r in records])
 
 
 def rl_infill_tasks(records: list[PairRecord], splits: dict[str, InfillSplit],
-                    system: str | None = SYSTEM_PROMPT) -> list[dict]:
+                    system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> list[dict]:
     """Infilling tasks: the reward runs prefix + generated core + suffix; `core` is the known-good answer."""
     return by_difficulty([{"id": r.id, "source": r.source, "level": r.level, "reference": r.reference,
                            "prefix": splits[r.id].prefix, "core": splits[r.id].core, "suffix": splits[r.id].suffix,
-                           "prompt": infill_prompt(r.reference, splits[r.id], system)}
+                           "prompt": infill_prompt(r.reference, splits[r.id], system, backend)}
                           for r in records if r.id in splits])
 
 
