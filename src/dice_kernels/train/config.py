@@ -85,6 +85,7 @@ class CheckpointConfig:
     keep: int = 2  # resumable states kept (older ones are deleted)
     export_every_steps: int = 0  # periodic HF export; 0 = only the final one
     export_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    at_end: bool = True  # a resumable state and the final export when training ends (off: throughput runs)
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.export_every_steps < 0 or self.keep < 1:

@@ -176,19 +176,25 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
             if not math.isfinite(result.loss):
                 raise TrainError(f"step {step + 1}: loss is {result.loss}; lower optim.lr or check the data")
             done = step + 1
-            metrics.log(done, {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                               "tokens_per_s": step_data.tokens / seconds, "step_s": seconds,
-                               "tokens": step_data.tokens, "epoch": step_data.epoch})
+            values = {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                      "tokens_per_s": step_data.tokens / seconds, "step_s": seconds,
+                      "tokens": step_data.tokens, "epoch": step_data.epoch}
+            if dist.device.type == "cuda":
+                values["max_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
+            metrics.log(done, values)
             if ck.every_steps and done % ck.every_steps == 0 and done < total:
                 save_state(out, done, model, optimizer, _trainer_state(data, scheduler, done), dist, ck.keep)
             if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
                 export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype, dist)
             if cfg.debug.sigkill_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)
-        if start < total or previous is None:
-            save_state(out, total, model, optimizer, _trainer_state(data, scheduler, total), dist, ck.keep)
-        final = export_hf(model, out / "final", cfg.model.tokenizer_dir, ck.export_dtype, dist)
-        metrics.note(f"trained {total - start} step(s), {tokens_seen:,} tokens; Hugging Face export: {final}")
+        final = out / "final"
+        if ck.at_end:
+            if start < total or previous is None:
+                save_state(out, total, model, optimizer, _trainer_state(data, scheduler, total), dist, ck.keep)
+            export_hf(model, final, cfg.model.tokenizer_dir, ck.export_dtype, dist)
+        metrics.note(f"trained {total - start} step(s), {tokens_seen:,} tokens"
+                     + (f"; Hugging Face export: {final}" if ck.at_end else ""))
     return final
 
 
