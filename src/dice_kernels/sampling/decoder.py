@@ -5,7 +5,9 @@ as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -82,16 +84,19 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
 
 
 class _CachedForward:
-    """Logits of each row's current block from a KV cache: one prefill, then block-sized forwards.
+    """Logits of each row's current block from a KV cache: one prefill, then block-sized forwards, each followed by
+    the denoising step `denoise(logits)`. On CUDA a forward (and, when `denoise` draws no random numbers, its
+    denoising step too) is replayed from a CUDA graph captured the first time its shape comes up.
 
     Committing a finished block costs no extra forward. Its K/V must come from its *final* tokens, and the last
     denoising forward saw some of them still masked; so the finished block rides along as clean queries in the
     first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
     """
 
-    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool):
+    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, denoise: Callable[[Tensor], None],
+                 graphs: bool, graph_denoise: bool):
         cfg, seq = model.config, state.seq
-        self.model, self.block = model, block
+        self.model, self.block, self.denoise, self.graph_denoise = model, block, denoise, graph_denoise
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
         # (any_commit, span) -> graph; None: eager. Every graph writes its logits to one buffer and draws its
         # temporaries from one memory pool: they run one at a time, and each forward's logits are used up before
@@ -110,17 +115,19 @@ class _CachedForward:
             mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *ids.shape, prefill, seq.device)
             model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
 
-    def __call__(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
-        """Logits [B, block, V] of each row's current block; `kv_len`: cache slots the furthest row needs."""
+    def __call__(self, state: _State, any_commit: bool, kv_len: int) -> None:
+        """One decoding step: the forward, then `denoise`; `kv_len`: cache slots the furthest row needs."""
         # eager forwards use the graphs' spans too: the same shapes give the same kernels, hence the same tokens
         span = min(-(-kv_len // SPAN_STEP) * SPAN_STEP, self.cache.k.shape[3])
         if self.graphs is None:
-            return self._forward(state, any_commit, span)
+            self.denoise(self._forward(state, any_commit, span))
+            return
         key = (any_commit, span)
         if key not in self.graphs:
             self.graphs[key] = self._capture(state, any_commit, span)
         self.graphs[key].replay()
-        return self.logits
+        if not self.graph_denoise:
+            self.denoise(self.logits)
 
     def _capture(self, state: _State, any_commit: bool, span: int) -> torch.cuda.CUDAGraph:
         """Record one forward of this shape. Inputs are the state's tensors and the cache, read at replay time."""
@@ -135,6 +142,8 @@ class _CachedForward:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.logits.copy_(self._forward(state, any_commit, span))
+            if self.graph_denoise:  # its ~40 small kernels otherwise cost a few ms of launches per forward
+                self.denoise(self.logits)
         self.pool = self.pool or graph.pool()
         return graph
 
@@ -171,7 +180,7 @@ def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len
     return model.lm_head(hidden.gather(1, cur[..., None].expand(-1, -1, hidden.shape[-1])))
 
 
-def _denoise_step(state: _State, logits: Tensor, cfg: SamplingConfig, block: int, mask_id: int,
+def _denoise_step(state: _State, logits: Tensor, *, cfg: SamplingConfig, block: int, mask_id: int,
                   stop_ids: Tensor, generator: torch.Generator | None) -> None:
     """Sample, unmask some positions of each row's block, and move rows whose block is final to the next one."""
     cur = state.start[:, None] + torch.arange(block, device=logits.device)
@@ -190,7 +199,8 @@ def _denoise_step(state: _State, logits: Tensor, cfg: SamplingConfig, block: int
 
     finished = ~(masked & ~chosen).any(-1) & ~state.done
     generated = cur >= state.prompt_len[:, None]
-    hit_stop = (torch.isin(state.seq.gather(1, cur), stop_ids) & generated).any(-1)
+    # a comparison with every stop id rather than torch.isin, whose sorting path syncs (not allowed in a graph)
+    hit_stop = ((state.seq.gather(1, cur)[..., None] == stop_ids).any(-1) & generated).any(-1)
     at_limit = state.start + block >= state.prompt_len + cfg.max_new_tokens
     state.done |= finished & (hit_stop | at_limit)
     advance = finished & ~state.done
@@ -210,7 +220,12 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    cached = _CachedForward(model, state, block, cfg.cuda_graphs) if cfg.use_cache else None
+    denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
+                                generator=generator)
+    # Greedy steps draw no random numbers, so they can be replayed from the graph with the forward.
+    greedy = cfg.temperature == 0 or cfg.top_k == 1
+    cached = (_CachedForward(model, state, block, denoise, cfg.cuda_graphs, graph_denoise=greedy)
+              if cfg.use_cache else None)
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
     forwards = 0
     while True:
@@ -222,9 +237,10 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
         if forwards == max_forwards:
             raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
         kv_len = furthest + block
-        logits = (cached(state, bool(any_commit), kv_len) if cached is not None
-                  else _uncached_forward(model, state, block, kv_len))
-        _denoise_step(state, logits, cfg, block, mask_id, stops, generator)
+        if cached is not None:
+            cached(state, bool(any_commit), kv_len)
+        else:
+            denoise(_uncached_forward(model, state, block, kv_len))
         forwards += 1
     return _collect(state, cfg.max_new_tokens, stops, forwards)
 
