@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32,128")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--per-forward", default="1,2", help="tokens per forward of the block sampler (block 4)")
+    parser.add_argument("--autoregressive", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the autoregressive decode")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script runs")
     args = parser.parse_args()
 
@@ -90,22 +93,23 @@ def main() -> None:
         prompts = torch.randint(0, cfg.mask_token_id, (batch, args.prompt_len), device=device)
         prompt_lists = prompts.tolist()
         runs = {}
-        for per_forward in (1, 2):
+        for per_forward in (int(k) for k in args.per_forward.split(",")):
             for graphs in (False, True):
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
                                           strategy="static", cuda_graphs=graphs)
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
                 seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
                 runs[f"block4_{per_forward}tok_{'graphs' if graphs else 'eager'}"] = (seconds, out.forwards)
-        autoregressive_decode(model, prompts, 16)  # warm-up
-        seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
-        runs["autoregressive"] = (seconds, args.new_tokens)
+        if args.autoregressive:
+            autoregressive_decode(model, prompts, 16)  # warm-up
+            seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
+            runs["autoregressive"] = (seconds, args.new_tokens)
         for mode, (seconds, forwards) in runs.items():
             rows.append({"batch": batch, "mode": mode, "seconds": seconds, "forwards": forwards,
                          "tokens_per_s": batch * args.new_tokens / seconds, "ms_per_forward": 1e3 * seconds / forwards})
 
     def tps(batch: int, mode: str) -> float:
-        return next(r["tokens_per_s"] for r in rows if r["batch"] == batch and r["mode"] == mode)
+        return next((r["tokens_per_s"] for r in rows if r["batch"] == batch and r["mode"] == mode), float("nan"))
 
     speedups = {b: tps(b, "block4_2tok_eager") / tps(b, "autoregressive") for b in batches}
     graph_gain = {b: tps(b, "block4_1tok_graphs") / tps(b, "block4_1tok_eager") for b in batches}
