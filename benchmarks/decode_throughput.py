@@ -107,6 +107,7 @@ def main() -> None:
         for mode, (seconds, forwards) in runs.items():
             rows.append({"batch": batch, "mode": mode, "seconds": seconds, "forwards": forwards,
                          "tokens_per_s": batch * args.new_tokens / seconds, "ms_per_forward": 1e3 * seconds / forwards})
+            print(f"measured: batch {batch} {mode} {seconds:.2f} s", flush=True)  # partial results if cut short
 
     def tps(batch: int, mode: str) -> float:
         return next((r["tokens_per_s"] for r in rows if r["batch"] == batch and r["mode"] == mode), float("nan"))
