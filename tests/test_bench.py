@@ -71,6 +71,13 @@ def test_bench_with_a_tiny_checkpoint_writes_generations_and_the_report(checkpoi
     assert (run / "report.png").stat().st_size > 1000
     compared = _bench("compare", str(run), str(run))
     assert "| L1/19 |" in compared and "| L1/90 |" in compared
+    # mistakes get one line naming the flag, exit status 2
+    runner = CliRunner()
+    other = runner.invoke(app, ["bench", "-c", str(checkpoint), "--out", str(run), "--samples", "2",
+                                "--max-new-tokens", "32", "--cache-dir", str(build_cache), *FAST])
+    assert other.exit_code == 2 and "other generation settings" in other.output
+    neither = runner.invoke(app, ["bench", "--out", str(tmp_path / "x")])
+    assert neither.exit_code == 2 and "exactly one of --checkpoint" in neither.output
 
 
 @pytest.mark.slow  # two C++ builds (shared with test_harness_outcomes and test_robust_check in a full run)
