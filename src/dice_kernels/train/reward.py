@@ -1,0 +1,105 @@
+"""The reward service: one harness `Evaluator` kept for a whole RL run (workers, fork server, build cache and
+reference baselines paid once), turning each step's (task, candidate) pairs into rewards, and recording every
+outcome per step in SQLite. Reward = DICE's binary (correct and not deceptive), optionally plus a bounded speed
+bonus when the speedup's 95 % interval clears 1 and no timing flag was raised."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dice_kernels.harness import Candidate, EvalConfig, EvalResult, Evaluator, Outcome
+from dice_kernels.tasks import Task
+
+
+@dataclass
+class RewardConfig:
+    backend: str = "auto"  # harness backend: cuda, cpu (C++ candidates), auto
+    trials: int = 5  # correctness trials, each with fresh random inputs (DICE: one)
+    robust: bool = True  # the robust check: correct-but-deceptive candidates get no reward
+    # speed-aware reward: binary + min(speed_bonus_max, speed_bonus * log2(lower 95 % bound of the speedup)) when
+    # that bound is above 1; never for deceptive or timing-flagged candidates. 0 = DICE's binary reward (no timing)
+    speed_bonus: float = 0.0
+    speed_bonus_max: float = 0.5
+    cache_dir: str = ""  # harness build cache ("" = the harness default, $DICE_CACHE_DIR or ~/.cache)
+    run_timeout_s: float = 60.0
+    compile_timeout_s: float = 300.0
+
+    def eval_config(self) -> EvalConfig:
+        cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=self.robust, timing=self.speed_bonus > 0,
+                         run_timeout_s=self.run_timeout_s, compile_timeout_s=self.compile_timeout_s)
+        if self.cache_dir:
+            cfg.cache_dir = Path(self.cache_dir)
+        return cfg
+
+
+def reward_of(result: EvalResult, cfg: RewardConfig) -> float:
+    """1 for correct and not deceptive (the harness labels deceptive candidates `deceptive`, never `correct`),
+    plus the speed bonus where it applies."""
+    if result.outcome is not Outcome.CORRECT:
+        return 0.0
+    ci = result.extra.get("speedup_ci95")
+    if cfg.speed_bonus <= 0 or not ci or result.extra.get("timing_flags") or ci[0] <= 1.0:
+        return 1.0
+    return 1.0 + min(cfg.speed_bonus_max, cfg.speed_bonus * math.log2(ci[0]))
+
+
+@dataclass
+class StepRewards:
+    rewards: list[float]
+    results: list[EvalResult]
+    seconds: float
+    outcomes: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    deceptive: dict[str, int] = field(default_factory=dict)  # deceptive kind -> count
+
+    @property
+    def exec_rate(self) -> float:
+        """DICE's Exec: the fraction correct and not deceptive."""
+        return self.outcomes.get(Outcome.CORRECT.value, 0) / max(1, len(self.results))
+
+
+class RewardService:
+    """`with RewardService(cfg, run_dir) as rs: rs.score(step, pairs)` for every step of a run. Harness results
+    also go to `run_dir/harness/results.sqlite`, so a resumed step does not evaluate a candidate twice."""
+
+    def __init__(self, cfg: RewardConfig, run_dir: str | Path):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.evaluator = Evaluator(cfg.eval_config())
+        self.db = sqlite3.connect(self.run_dir / "rewards.sqlite")
+        self.db.execute("CREATE TABLE IF NOT EXISTS rewards (step INTEGER, rollout INTEGER, task_id TEXT, "
+                        "candidate_id TEXT, candidate_sha256 TEXT, outcome TEXT, deceptive_kind TEXT, reward REAL, "
+                        "speedup REAL, speedup_ci95 TEXT, error TEXT, PRIMARY KEY (step, rollout))")
+        self.db.commit()
+
+    def score(self, step: int, pairs: list[tuple[Task, Candidate]], progress: bool = False) -> StepRewards:
+        start = time.monotonic()
+        results = self.evaluator.evaluate(pairs, out_dir=self.run_dir / "harness", resume=True, progress=progress)
+        rewards = [reward_of(r, self.cfg) for r in results]
+        self.db.execute("DELETE FROM rewards WHERE step = ?", (step,))  # a step redone after a resume
+        self.db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            (step, i, r.task_id, r.candidate_id, r.candidate_sha256, r.outcome.value, r.deceptive_kind, reward,
+             r.speedup, json.dumps(r.extra.get("speedup_ci95")), r.error[:500])
+            for i, (r, reward) in enumerate(zip(results, rewards))])
+        self.db.commit()
+        out = StepRewards(rewards=rewards, results=results, seconds=time.monotonic() - start)
+        for r in results:
+            out.outcomes[r.outcome.value] = out.outcomes.get(r.outcome.value, 0) + 1
+            if r.deceptive_kind:
+                out.deceptive[r.deceptive_kind] = out.deceptive.get(r.deceptive_kind, 0) + 1
+        return out
+
+    def close(self) -> None:
+        self.evaluator.close()
+        self.db.close()
+
+    def __enter__(self) -> RewardService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,101 @@
+"""Rollouts: each step's prompts (end-to-end or infilling, in the chat format SFT trains on) decoded `group`
+times each by the block-diffusion sampler, batched; each response keeps its trajectory (per-token unmasking
+step) for TraceRL and becomes a harness candidate. Infilling candidates are prefix + generated core + suffix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from dice_kernels.data.infill import InfillError, split_program
+from dice_kernels.harness.candidate import Candidate, candidate_from_text, extract_code
+from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.prompts import (EXAMPLE_MODEL_NEW, EXAMPLE_MODEL_NEW_CPU, SYSTEM_PROMPT, chat_prompt, e2e_user,
+                                  infill_user)
+from dice_kernels.sampling.decoder import SamplingConfig, decode
+from dice_kernels.train.curriculum import RLTask
+from dice_kernels.train.tracerl import Trajectory
+
+PHASES = ("infill", "e2e")
+
+
+@dataclass
+class Rollout:
+    task: RLTask
+    sample: int  # index within the task's group
+    trajectory: Trajectory
+    text: str  # the response, without its stop token
+    stopped: bool  # False: cut at max_new_tokens
+    candidate: Candidate
+
+
+@lru_cache(maxsize=2)
+def _example_cut(backend: str) -> tuple[str, str, str]:
+    s = split_program(EXAMPLE_MODEL_NEW_CPU if backend == "cpu" else EXAMPLE_MODEL_NEW)
+    return s.prefix, s.core, s.suffix
+
+
+def rollout_prompt(task: RLTask, phase: str, backend: str) -> str:
+    """The chat prompt of a task: infilling shows prefix and suffix, end-to-end the whole reference. The CPU
+    backend asks for C++ (`load_inline` with cpp_sources only): it cannot run CUDA."""
+    if phase == "infill":
+        if not task.infill:
+            raise ValueError(f"task {task.id} has no infilling split (prefix/suffix): use an rl_infill task set")
+        user = infill_user(task.reference, task.prefix, task.suffix, _example_cut(backend), backend)
+    elif phase == "e2e":
+        user = e2e_user(task.reference, backend)
+    else:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    return chat_prompt(user, SYSTEM_PROMPT)
+
+
+def infill_core(text: str) -> tuple[str | None, str]:
+    """(core, problem) from an infilling response. The model is asked for the whole program in a code block; the
+    core is the kernel-source assignment cut from it (data/infill.split_program). A code body that is not a whole
+    program is taken as the core itself (a model that wrote only the source string). None: nothing usable."""
+    code, problem = extract_code(text)
+    if (code is None and "truncated" in problem) or not text.strip():
+        return None, problem or "no code: the output is empty"
+    body = code if code is not None else text
+    try:
+        return split_program(body).core, ""
+    except InfillError:
+        return body.strip("\n"), ""
+
+
+def response_candidate(task: RLTask, phase: str, text: str, id: str) -> Candidate:
+    """The harness candidate of a response: the extracted program (e2e), or prefix + core + suffix (infill)."""
+    if phase == "e2e":
+        return candidate_from_text(text, id=id)
+    core, problem = infill_core(text)
+    program = None if core is None else task.prefix + core + task.suffix
+    return Candidate(id=id, code=program, problem=problem)
+
+
+def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTask], group: int, phase: str,
+                      backend: str, sampling: SamplingConfig, batch_rows: int, step: int,
+                      stop_ids: list[int]) -> list[Rollout]:
+    """`group` responses per task, decoded `batch_rows` rows at a time (a task's group shares its prompt). The
+    seed of each chunk derives from the sampling seed, the step and the chunk, so a resumed step redraws the same
+    responses from the same weights."""
+    prompts = [tokenizer.encode(rollout_prompt(t, phase, backend), add_special_tokens=False) for t in tasks]
+    rows = [(ti, k) for ti in range(len(tasks)) for k in range(group)]
+    out: list[Rollout] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for chunk_start in range(0, len(rows), batch_rows):
+            chunk = rows[chunk_start: chunk_start + batch_rows]
+            seed = None if sampling.seed is None else sampling.seed + 1_000_003 * step + chunk_start
+            cfg = SamplingConfig(**{**sampling.__dict__, "seed": seed})
+            decoded = decode(model, [prompts[ti] for ti, _ in chunk], cfg, stop_ids)
+            for (ti, k), ids, steps, stopped in zip(chunk, decoded.tokens, decoded.unmask_steps, decoded.stopped):
+                text = tokenizer.decode(ids[:-1] if stopped else ids)
+                task = tasks[ti]
+                cid = f"step{step}/{task.id}/{k}"
+                out.append(Rollout(task=task, sample=k, trajectory=Trajectory(prompts[ti], ids, steps), text=text,
+                                   stopped=stopped, candidate=response_candidate(task, phase, text, cid)))
+    finally:
+        model.train(was_training)
+    return out
