@@ -5,7 +5,6 @@ layer, then the root), with bf16 mixed precision on CUDA and optional activation
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -27,12 +26,6 @@ class Dist:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(device: str = "auto") -> Dist:
     """Join torchrun's process group (RANK / WORLD_SIZE / LOCAL_RANK set), or make a one-process group, so the rest
     of the trainer never branches on "distributed or not". nccl on CUDA, gloo on CPU. Idempotent."""
@@ -42,10 +35,11 @@ def init_distributed(device: str = "auto") -> Dist:
     if use_cuda:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:  # a plain `dice train ...`: a group of one on a private port
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-                              LOCAL_RANK="0")
-        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=dev if use_cuda else None)
+        backend, device_id = ("nccl", dev) if use_cuda else ("gloo", None)
+        if "WORLD_SIZE" in os.environ:  # started by torchrun (or another launcher that sets the env)
+            dist.init_process_group(backend, device_id=device_id)
+        else:  # a plain `dice train ...`: a group of one, with an in-memory store (no port, no network)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, dev)
 
 

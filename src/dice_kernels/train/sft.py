@@ -16,7 +16,7 @@ from rich.console import Console
 
 from dice_kernels.train import config as config_io
 from dice_kernels.train.checkpointing import (build_model, export_hf, latest_checkpoint, load_state,
-                                              load_tokenizer_for, pad_token_id, save_state)
+                                              load_tokenizer_for, model_config, pad_token_id, save_state)
 from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
                                        OptimConfig, ParallelConfig)
 from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backend, init_distributed, shutdown
@@ -132,8 +132,7 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
         say(config_io.to_toml(cfg), markup=False, highlight=False)
 
     tokenizer = load_tokenizer_for(cfg.model)
-    model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
-    mcfg = model.config
+    mcfg = model_config(cfg.model, tokenizer)  # checks the mask token before anything is loaded
     data = SFTData.load(cfg.data, tokenizer, mcfg.block_size, pad_token_id(tokenizer), cfg.train.global_batch_rows,
                         cfg.train.seed)
     total = cfg.train.max_steps or data.total_steps(cfg.train.epochs)
@@ -143,6 +142,7 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
         f"{len(data.epoch_rows(0))} rows of {data.row_len} per epoch; {total} steps of "
         f"{cfg.train.global_batch_rows} rows ({dist.world_size} rank(s) x {accumulation} x "
         f"{cfg.train.micro_batch_rows})")
+    model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
     backend = attention_backend(cfg.parallel, dist.device)
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, total, cfg.optim)
