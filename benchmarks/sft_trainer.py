@@ -102,7 +102,7 @@ def summarize(run: dict, warmup: int, peak: float, smoke: bool) -> dict:
     masked = per_row * (SAMPLE - PROMPT) // 2
     flops = step_flops(cfg, row, masked, cfg.block_size) * run["rows"]
     measured = max((r.get("max_memory_gib", 0.0) for r in run["records"]), default=0.0)
-    plan = memory_plan(cfg, 1, run["tokens"], 1, masked_fraction=masked / run["tokens"])
+    plan = memory_plan(cfg, 1, run["tokens"], 1, accumulation=run["rows"], masked_fraction=masked / run["tokens"])
     predicted = plan.total(run["ac"]) / 2**30
     return {"name": run["name"], "shape": run["shape"], "tokens": run["tokens"], "rows": run["rows"], "ac": run["ac"],
             "step_s": step_s, "tokens_per_s": tokens / step_s, "tflops": flops / step_s / 1e12,

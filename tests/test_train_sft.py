@@ -234,7 +234,7 @@ def test_memory_plan_for_8b(workdir):
     assert code == 0, out
     assert "8.191 B" in out
     assert "3.8 GiB" in out  # fp32 weights: 8.19e9 x 4 B / 8 GPUs
-    assert "with AC:" in out and "fits  <- this config" in out
+    assert "peak per GPU with AC:" in out and "fits  <- this config" in out
     code, out = _cli("sdar-8b", *args, "--plan", "--gpus", "1", "--gpu-memory", "141")
     assert code == 0 and "does NOT fit  <- this config" in out  # 16 B/param of states alone is 122 GiB
 

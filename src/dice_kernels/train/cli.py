@@ -3,7 +3,6 @@ inside the commands so `dice --help` stays fast. Every error a user can fix is o
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import typer
 
@@ -76,7 +75,8 @@ def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
         mcfg = SDAR_SHAPES[cfg.model.shape]
     else:
         mcfg = model_config(cfg.model, load_tokenizer_for(cfg.model))
-    p = memory_plan(mcfg, gpus, cfg.data.row_len, cfg.train.micro_batch_rows)
+    accumulation = max(1, cfg.train.global_batch_rows // (gpus * cfg.train.micro_batch_rows))
+    p = memory_plan(mcfg, gpus, cfg.data.row_len, cfg.train.micro_batch_rows, accumulation)
     typer.echo(f"memory plan: {cfg.model.checkpoint or cfg.model.shape}, rows of {cfg.data.row_len} tokens, "
                f"micro-batch {cfg.train.micro_batch_rows} row(s), bf16 compute, fp32 master weights, FSDP2")
     typer.echo(format_plan(p, gpu_memory, cfg.parallel.activation_checkpointing))
