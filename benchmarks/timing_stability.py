@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the package is not installed
 
 from dice_kernels.harness import timing as T  # noqa: E402
+from dice_kernels.harness import timing_stats  # noqa: E402
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
 RESULT = "RESULT "  # prefix of the one line a child prints for the parent (pairs print build logs freely)
@@ -155,9 +156,9 @@ def build_one(pair_id: str, pairs_path: Path, device: str) -> dict:
                 "build_s": time.perf_counter() - t0}
 
 
-def _summary(s: T.TimingSamples) -> dict:
+def _summary(s: timing_stats.TimingSamples) -> dict:
     return {"median_ms": s.median_ms, "ci_ms": s.ci_ms, "host_ms": s.host_ms_per_iter, "tail_ms": s.tail_ms,
-            "effective_ms": T.effective_time_ms(s), "escaped_ratio": s.escaped_ratio, "escape": T.stream_escape(s),
+            "effective_ms": timing_stats.effective_time_ms(s), "escaped_ratio": s.escaped_ratio, "escape": timing_stats.stream_escape(s),
             "iters": len(s.times_ms), "n_input_sets": s.n_input_sets, "stop": s.stop_reason, "total_s": s.total_s,
             "sm_clock_mhz": s.sm_clock_mhz, "time_sm_clock_corr": s.time_sm_clock_corr,
             "loop_medians_ms": s.loop_medians_ms}
@@ -168,7 +169,7 @@ def _ours(ref, new, sets: list, plan: T.TimingPlan, device: str, flush) -> dict:
     harness does)."""
     ref_s = T.time_calls(ref, sets, plan, device, flush)
     new_s = T.time_calls(new, sets, dataclasses.replace(plan, lead_ms=ref_s.lead_ms), device, flush)
-    med, lo, hi = T.speedup_interval(ref_s, new_s)
+    med, lo, hi = timing_stats.speedup_interval(ref_s, new_s)
     return {"speedup": med, "lo": lo, "hi": hi, "ref": _summary(ref_s), "cand": _summary(new_s)}
 
 
@@ -295,7 +296,7 @@ def aggregate(runs: list[dict]) -> dict:
 
 def rescore(runs: list[dict]) -> list[dict]:
     """Runs recorded by an earlier version, with "ours" recomputed from their per-call medians and tails under
-    the current rule (timing.reference_time_ms / effective_time_ms); the interval is dropped. Runs recorded before
+    the current rule (timing_stats.reference_time_ms / effective_time_ms); the interval is dropped. Runs recorded before
     the tail was measured cannot be rescored."""
     out = []
     for r in runs:
@@ -304,10 +305,10 @@ def rescore(runs: list[dict]) -> list[dict]:
             if "tail_ms" not in cand:
                 raise SystemExit(f"pair {r['id']}: recorded before tails were measured; it cannot be rescored")
             m = cand["median_ms"]
-            samples = T.TimingSamples(times_ms=(m,), median_ms=m, ci_ms=(m, m), host_ms_per_iter=cand["host_ms"],
+            samples = timing_stats.TimingSamples(times_ms=(m,), median_ms=m, ci_ms=(m, m), host_ms_per_iter=cand["host_ms"],
                                       overhead_ms=0.0, n_input_sets=1, total_s=0.0, stop_reason="", clock="",
                                       tail_ms=cand["tail_ms"])
-            speedup = ref["median_ms"] / T.effective_time_ms(samples)
+            speedup = ref["median_ms"] / timing_stats.effective_time_ms(samples)
             r = {**r, "ours": {**r["ours"], "speedup": speedup, "lo": float("nan"), "hi": float("nan")}}
         out.append(r)
     return out

@@ -149,14 +149,17 @@ def _header_dir(root: Path, ready: bool = True) -> Path:
     return root
 
 
-def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
-    from types import SimpleNamespace
+def _build_job(**kw):
+    from dice_kernels.harness.protocol import BuildJob
 
-    from dice_kernels.harness.worker import BuildLog, _build_attempts
+    return BuildJob(workdir="", device="cuda", limits={}, candidate_path="", build_dir="", **kw)
+
+
+def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
+    from dice_kernels.harness.build_worker import BuildLog, _build_attempts
 
     full, light = _header_dir(tmp_path / "full"), _header_dir(tmp_path / "light")
-    job = SimpleNamespace(mode="build", light_headers=True, pch={"[]": str(full)}, pch_light={"[]": str(light)},
-                          pch_compiler=None)
+    job = _build_job(light_headers=True, pch={"[]": str(full)}, pch_light={"[]": str(light)})
     arguments = {"name": "ext", "cpp_sources": "torch::Tensor f(torch::Tensor x);",
                  "cuda_sources": KERNEL + "// torch::relu", "extra_cuda_cflags": ["-O3"]}
     log = BuildLog()
@@ -177,15 +180,13 @@ def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
     # code that visibly needs the Python bindings or the C++ frontend, and the CPU backend, build as written
     bindings = {**arguments, "cuda_sources": KERNEL + "PYBIND11_MODULE(m, m) {}"}
     assert [a.headers for a in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")] == ["own"]
-    cpu_job = SimpleNamespace(mode="build", light_headers=False, pch=None, pch_light=None, pch_compiler=None)
+    cpu_job = _build_job()
     cpu = _build_attempts(cpu_job, {"name": "e", "cpp_sources": "x"}, tmp_path / "e", log, "e#1")
     assert [(a.headers, a.directory.name) for a in cpu] == [("own", "e")]
 
 
 def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
-    from dice_kernels.harness.worker import BuildLog, _build_attempts
+    from dice_kernels.harness.build_worker import BuildLog, _build_attempts
 
     monkeypatch.setenv("PYTORCH_NVCC", "nvcc")  # the nvcc torch would run, whether or not this machine has one
 
@@ -193,8 +194,8 @@ def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
     plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
                      light, nice) for name, light, nice in (("full", None, SPARE_TIME_NICE), ("light", "// light\n", 0))]
     compiler = announce_pch(plans, tmp_path)
-    job = SimpleNamespace(mode="build", light_headers=True, pch=planned_pch(plans),
-                          pch_light=planned_pch(plans, light=True), pch_compiler=compiler)
+    job = _build_job(light_headers=True, pch=planned_pch(plans), pch_light=planned_pch(plans, light=True),
+                     pch_compiler=compiler)
     arguments = {"name": "ext", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": KERNEL}
     lean, own = _build_attempts(job, arguments, tmp_path / "ext_1", BuildLog(), "ext#1")
     assert lean.env["DICE_PCH_FILE"] == str(pch_file(plans[1].root))
@@ -229,7 +230,7 @@ def test_a_compile_waits_until_the_header_being_built_is_published(tmp_path):
     pch_file(plan.root).write_bytes(b"")  # published (GCC never reads it: unit.cpp includes nothing)
     assert compile_.wait(timeout=60) == 0 and (tmp_path / "build" / "unit.o").exists()
     wait = read_pch_wait(tmp_path / "build")
-    assert wait["found"] is True and wait["waited_s"] >= 1.0
+    assert wait["found"] is True and wait["waited_s"] > 0  # it waited (it was still waiting above), then found it
     assert pch_wait_environment(str(plan.root), compiler) is None  # published: later builds compile as usual
 
 

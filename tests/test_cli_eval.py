@@ -51,6 +51,19 @@ def _rows(db: Path) -> dict[str, tuple]:
         return {cid: (rowid, wall) for rowid, cid, wall in con.execute("SELECT rowid, candidate_id, wall_s FROM results")}
 
 
+def test_a_new_database_appears_with_its_tables(tmp_path):
+    """A reader of a run that is starting (the kill-and-resume test below polls one) never sees a table-less file."""
+    from dice_kernels.harness.store import ResultStore
+
+    db = tmp_path / "run" / "results.sqlite"
+    first = ResultStore(db)
+    assert _rows(db) == {} and not list(db.parent.glob(".*.tmp"))
+    second = ResultStore(db)  # an existing database is opened, not replaced
+    assert second.path.stat().st_ino == first.path.stat().st_ino
+    first.close()
+    second.close()
+
+
 @pytest.mark.slow
 def test_kill_then_resume_loses_nothing_and_redoes_nothing(tmp_path, build_cache):
     sols = []
@@ -107,9 +120,10 @@ def test_without_a_bar_a_heartbeat_names_what_is_in_flight_and_for_how_long(caps
     """A long unattended run (logs, no terminal) says every so often which candidates are in which phase, so one
     stuck in a build or a reference shows up by name instead of as silence."""
     from dice_kernels.harness.outcomes import Outcome
-    from dice_kernels.harness.runner import EvalResult, _Progress
+    from dice_kernels.harness.outcomes import EvalResult
+    from dice_kernels.harness.progress import Progress
 
-    bar = _Progress(2, enabled=False, heartbeat_s=0.05)
+    bar = Progress(2, enabled=False, heartbeat_s=0.05)
     bar.phase("L1/11/slow", "build")
     bar.phase("L1/11/slow", "reference")
     bar.phase("L2/3/fast", "run")

@@ -14,7 +14,8 @@ import pytest
 from conftest import EXAMPLES
 from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
 from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
-from dice_kernels.harness.runner import Evaluator, Platform
+from dice_kernels.harness.platform import Platform
+from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
 
 
@@ -25,9 +26,9 @@ def _evaluator(tmp_path, **kw) -> Evaluator:
 def test_a_forked_worker_is_a_fresh_confinable_process_of_its_own(tmp_path):
     ev = _evaluator(tmp_path, build_nice=5)
     try:
-        worker = ev._take_worker("build")
-        other = ev._take_worker("run")
-        assert isinstance(worker.proc, ForkedProcess) and ev.fork_server_down is None
+        worker = ev.workers.take("build")
+        other = ev.workers.take("run")
+        assert isinstance(worker.proc, ForkedProcess) and ev.workers.server_down is None
         pid = worker.proc.pid
         assert pid != other.proc.pid and pid != os.getpid()
         assert os.getsid(pid) == pid  # its own session: killing its group reaches nothing else
@@ -67,7 +68,7 @@ def test_a_forked_worker_runs_in_its_own_directory_and_environment_and_so_do_its
 def test_a_worker_that_fails_before_its_job_reports_it_on_stderr_with_its_exit_code(tmp_path):
     ev = _evaluator(tmp_path)
     try:
-        worker = ev._take_worker()
+        worker = ev.workers.take()
         assert isinstance(worker.proc, ForkedProcess)
         exit_ = sandbox.supervise(worker, str(tmp_path / "no-such-job.json"), timeout_s=60)
         assert exit_.returncode == 1 and not exit_.timed_out
@@ -79,12 +80,12 @@ def test_a_worker_that_fails_before_its_job_reports_it_on_stderr_with_its_exit_c
 def test_when_the_server_dies_its_workers_are_ended_and_new_ones_start_the_usual_way(tmp_path):
     ev = _evaluator(tmp_path)
     try:
-        waiting = ev._take_worker()
+        waiting = ev.workers.take()
         assert isinstance(waiting.proc, ForkedProcess)
-        os.kill(ev._forks._proc.pid, signal.SIGKILL)
+        os.kill(ev.workers.server._proc.pid, signal.SIGKILL)
         assert waiting.proc.wait() == -signal.SIGKILL  # ended by the parent: its status would never come
-        assert ev._forks.down
-        fresh = ev._take_worker()
+        assert ev.workers.server.down
+        fresh = ev.workers.take()
         assert not isinstance(fresh.proc, ForkedProcess) and fresh.proc.poll() is None
         sandbox.discard(fresh)
         sandbox.discard(waiting)
@@ -95,8 +96,8 @@ def test_when_the_server_dies_its_workers_are_ended_and_new_ones_start_the_usual
 def test_workers_import_torch_themselves_when_forking_is_off(tmp_path):
     ev = _evaluator(tmp_path, fork_workers=False)
     try:
-        worker = ev._take_worker()
-        assert not isinstance(worker.proc, ForkedProcess) and ev._forks is None
+        worker = ev.workers.take()
+        assert not isinstance(worker.proc, ForkedProcess) and ev.workers.server is None
         sandbox.discard(worker)
     finally:
         ev.close()
@@ -120,11 +121,11 @@ def _threads_after_import(env: dict[str, str]) -> int:
 def test_a_server_that_cannot_fork_safely_refuses_and_workers_start_as_interpreters(tmp_path):
     ev = _evaluator(tmp_path, cpu_threads=2)  # OpenBLAS, through numpy, starts a thread pool at import
     try:
-        if _threads_after_import(ev._worker_env(tmp_path)) == 1:
+        if _threads_after_import(ev.workers.env(tmp_path)) == 1:
             pytest.skip("nothing the worker imports starts a thread here")
-        worker = ev._take_worker()
+        worker = ev.workers.take()
         assert not isinstance(worker.proc, ForkedProcess)
-        assert re.search(r"cannot fork safely: \d+ threads", ev.fork_server_down)
+        assert re.search(r"cannot fork safely: \d+ threads", ev.workers.server_down)
         sandbox.discard(worker)
     finally:
         ev.close()

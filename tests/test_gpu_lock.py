@@ -12,33 +12,45 @@ import time
 
 from dice_kernels.harness import gpu_lock
 from dice_kernels.harness.config import EvalConfig
-from dice_kernels.harness.runner import Evaluator, Platform, device_lock_key
+from dice_kernels.harness.platform import Platform, device_lock_key
+from dice_kernels.harness.runner import Evaluator
 
 HOLD = """
-import sys, time
+import sys
 from dice_kernels.harness import gpu_lock
 with gpu_lock.{kind}(sys.argv[1]) as held:
     print("held" if held else "not held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    sys.stdin.readline()  # until the test says release
+print("released", flush=True)
 """
 
 
-def _holder(prefix: str, kind: str, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(kind=kind), prefix, str(seconds)],
+def _holder(prefix: str, kind: str, expect: str = "held") -> subprocess.Popen:
+    """A process that takes the lock and holds it until `_release`; returns once it says whether it got it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(kind=kind), prefix], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
+    if expect:
+        assert proc.stdout.readline().strip() == expect
     return proc
+
+
+def _release(proc: subprocess.Popen) -> None:
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "released"
+    proc.wait()
 
 
 def test_correctness_calls_share_and_timing_waits_for_them(tmp_path):
     prefix = gpu_lock.create(tmp_path / "gpu")
-    reader = _holder(prefix, "shared", 1.0)
-    start = time.monotonic()
-    with gpu_lock.shared(prefix, wait_s=5) as held:  # a second reader gets in at once
-        assert held and time.monotonic() - start < 0.5
-    with gpu_lock.exclusive(prefix, wait_s=10) as alone:  # the timer waits for the other reader to finish
-        assert alone and time.monotonic() - start >= 0.8
-    reader.wait()
+    reader = _holder(prefix, "shared")
+    with gpu_lock.shared(prefix, wait_s=30) as held:  # a second reader gets in while the first holds it
+        assert held and reader.poll() is None
+    with gpu_lock.exclusive(prefix, wait_s=0.2) as alone:  # the timer cannot have it while a reader holds it
+        assert not alone
+    _release(reader)
+    with gpu_lock.exclusive(prefix, wait_s=30) as alone:  # ...and gets it once the reader is done
+        assert alone
 
 
 def _queued_at_turnstile(prefix: str, timeout_s: float = 30.0) -> bool:
@@ -60,26 +72,26 @@ def _queued_at_turnstile(prefix: str, timeout_s: float = 30.0) -> bool:
 
 def test_a_waiting_timer_holds_new_correctness_calls_back(tmp_path):
     prefix = gpu_lock.create(tmp_path / "gpu")
-    reader = _holder(prefix, "shared", 3.0)
-    timer = subprocess.Popen([sys.executable, "-c", HOLD.format(kind="exclusive"), prefix, "1.0"],
-                             stdout=subprocess.PIPE, text=True)
+    reader = _holder(prefix, "shared")
+    timer = _holder(prefix, "exclusive", expect="")
     assert _queued_at_turnstile(prefix)  # the timer now waits for the reader, ahead of anyone after it
-    start = time.monotonic()
+    with gpu_lock.shared(prefix, wait_s=0.2) as held:  # a new correctness call waits behind the timer...
+        assert not held
+    _release(reader)
+    assert timer.stdout.readline().strip() == "held"  # ...which gets the device once the reader is done
+    with gpu_lock.shared(prefix, wait_s=0.2) as held:  # and keeps it for its whole loop
+        assert not held
+    _release(timer)
     with gpu_lock.shared(prefix, wait_s=30) as held:
-        # not before the reader is done and then the whole timing loop (1 s) has run
-        assert held and time.monotonic() - start >= 1.0
-    assert timer.stdout.read().strip() == "held"
-    timer.wait()
-    reader.wait()
+        assert held
 
 
 def test_nobody_waits_forever_behind_a_hung_holder(tmp_path):
     prefix = gpu_lock.create(tmp_path / "gpu")
-    timer = _holder(prefix, "exclusive", 30.0)
+    timer = _holder(prefix, "exclusive")
     try:
-        start = time.monotonic()
-        with gpu_lock.shared(prefix, wait_s=0.3) as held:
-            assert not held and time.monotonic() - start < 2
+        with gpu_lock.shared(prefix, wait_s=0.3) as held:  # gives up while the holder still holds it
+            assert not held and timer.poll() is None
         with gpu_lock.exclusive(prefix, wait_s=0.3) as alone:
             assert not alone
     finally:
@@ -87,8 +99,6 @@ def test_nobody_waits_forever_behind_a_hung_holder(tmp_path):
         timer.wait()
     with gpu_lock.exclusive(prefix, wait_s=2) as alone:  # a dead holder's locks are gone with its files
         assert alone
-    with gpu_lock.shared(None) as held:
-        assert not held
 
 
 def test_evaluations_on_one_device_take_one_lock(tmp_path, monkeypatch):
@@ -96,8 +106,8 @@ def test_evaluations_on_one_device_take_one_lock(tmp_path, monkeypatch):
     a, b = (Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path / name), Platform.detect("cpu"))
             for name in ("a", "b"))
     try:
-        assert a.gpu_lock == b.gpu_lock and a.scratch != b.scratch
-        assert os.path.basename(os.path.dirname(a.gpu_lock)) == f"dice-kernels-{os.getuid()}"
+        assert a.workers.gpu_lock == b.workers.gpu_lock and a.scratch != b.scratch
+        assert os.path.basename(os.path.dirname(a.workers.gpu_lock)) == f"dice-kernels-{os.getuid()}"
     finally:
         a.close()
         b.close()

@@ -186,12 +186,12 @@ def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
     import torch
 
     from dice_kernels.harness.compare import TrialJudge
-    from dice_kernels.harness.runner import _OutputLimits, _read_outputs
+    from dice_kernels.harness.workers import OutputLimits, _read_outputs
     from dice_kernels.harness.tensor_stream import StreamError, write_trials
 
     reference = [[torch.ones(3)], [torch.ones(3)]]
     said = []
-    limits = _OutputLimits(frame=1 << 20, total=1 << 21, trials=2)
+    limits = OutputLimits(frame=1 << 20, total=1 << 21, trials=2)
     with pytest.raises(StreamError):
         _read_outputs(io.BytesIO(b"not a tensor stream"), limits, TrialJudge(reference, 0.01, 0.01), said.append)
     assert said == [b"stop\n"]
@@ -227,7 +227,7 @@ def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
         _read_outputs(stream([[torch.ones(1 << 19)]]), limits, None, said.append)
     with pytest.raises(StreamError, match="exceed"):
         _read_outputs(stream([[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]], [[torch.ones(1 << 17)]]),
-                      _OutputLimits(frame=1 << 20, total=(1 << 20) + 8, trials=2), None, said.append)
+                      OutputLimits(frame=1 << 20, total=(1 << 20) + 8, trials=2), None, said.append)
 
 BIG_OUTPUT_TASK = '''import torch
 import torch.nn as nn
@@ -326,23 +326,23 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
     """A transient failure of the trusted Model (on the H200, CUDA initialisation failing once) costs one more
     reference run, not a harness error for every candidate of the task; a task that fails every time is still
     reported broken."""
-    from dice_kernels.harness import runner
+    from dice_kernels.harness import workers
     from dice_kernels.tasks import task_from_code
 
     marker = tmp_path / "fail-once"
     marker.touch()
     flaky = SLEEPY_TASK.replace("time.sleep(1.0)", f"assert not __import__('os').path.exists({str(marker)!r}), "
                                                    "'transient failure'")
-    real_run = runner.Evaluator.run
+    real_run = workers.Workers.run
 
-    def run_then_clear_marker(self, task, code, *args, **kwargs):
+    def run_then_clear_marker(self, job, task_code, code, *args, **kwargs):
         try:
-            return real_run(self, task, code, *args, **kwargs)
+            return real_run(self, job, task_code, code, *args, **kwargs)
         finally:
             if code is None:
                 marker.unlink(missing_ok=True)  # the machine "recovers" after the first reference run
 
-    monkeypatch.setattr(runner.Evaluator, "run", run_then_clear_marker)
+    monkeypatch.setattr(workers.Workers, "run", run_then_clear_marker)
     broken = flaky.replace(f"{str(marker)!r}", "'/'")  # "/" always exists: fails every time
     config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=60,
                         cache_dir=build_cache)
@@ -429,7 +429,7 @@ def test_get_inputs_runs_with_the_device_as_default_and_falls_back_to_the_cpu():
 
     import torch
 
-    from dice_kernels.harness.worker import _generated_inputs
+    from dice_kernels.harness.trial_inputs import _generated_inputs
 
     task = ModuleType("task")
     exec("import torch\n"

@@ -77,3 +77,44 @@ def test_fallback_ops_count_candidates_per_op_named_in_their_finding():
     assert s["fallback_ops"] == {"aten::addmm": 2, "aten::relu": 1, **{k: 1 for k in six}}
     assert "aten::addmm 2, aten::relu 1" in markdown(s)
     assert "PyTorch ops behind" not in markdown(summary([_result("d", None)], {}))
+
+
+def test_fast_p_counts_a_speedup_only_when_its_interval_clears_p():
+    """A 1.6x point estimate whose interval reaches below 1 is noise for fast_1 (KernelBench issue #166); the
+    point-estimate fast_p is reported beside it; the report says when a reference baseline was reused."""
+    from dice_kernels.harness.metrics import compute
+
+    def timed(cid: str, speedup: float, ci: list, baseline: dict) -> EvalResult:
+        return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.CORRECT,
+                          correct=True, level=1, speedup=speedup,
+                          extra={"speedup_ci95": ci, "reference_baseline": baseline})
+
+    fresh = {"cached": False, "measured_at": None, "rel_ci": 0.02}
+    reused = {"cached": True, "measured_at": "2026-12-01T10:00:00+00:00", "rel_ci": 0.08}
+    untimed = EvalResult(task_id="L1/19", candidate_id="u", candidate_sha256="u", outcome=Outcome.CORRECT,
+                         correct=True, level=1)
+    results = [timed("noisy", 1.6, [0.9, 2.4], fresh), timed("clear", 1.6, [1.2, 2.0], reused), untimed]
+    m = compute(results)
+    assert m.fast["fast_1"] == 1 / 3 and m.fast_point["fast_1"] == 2 / 3
+    assert m.fast["fast_1.5"] == 0 and m.fast_point["fast_1.5"] == 2 / 3
+    assert m.fast["fast_0"] == 2 / 3  # the low ends lie above 0; an untimed result never counts
+    s = summary(results, {"backend": "cpu"})
+    assert s["reference_baselines"] == {"timed": 2, "reused": 1, "reused_measured": [reused["measured_at"]] * 2,
+                                        "rel_ci_median": 0.08, "rel_ci_max": 0.08}
+    report = markdown(s)
+    assert "1 of 2 timed results used a reference baseline reused from the cache" in report
+    assert "fast_p of the point estimates" in report and "speedups are indicative only" in report
+
+
+def test_the_report_says_whether_deceptive_candidates_built_and_called_an_extension():
+    def deceptive(cid: str, ext: dict | None) -> EvalResult:
+        return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.DECEPTIVE,
+                          level=1, deceptive_kind="pytorch_fallback", extra={} if ext is None else {"extension": ext})
+
+    results = [deceptive("never_built", {"loaded": False, "called": False}),
+               deceptive("unused", {"loaded": True, "called": False}),
+               deceptive("partial", {"loaded": True, "called": True}), deceptive("old_record", None),
+               _result("honest", None)]
+    s = summary(results, {})
+    assert s["deceptive_extensions"] == {"none_loaded": 1, "loaded_not_called": 1, "called": 1, "unknown": 1}
+    assert "none loaded 1, loaded not called 1, called 1, unknown 1" in markdown(s)

@@ -142,6 +142,7 @@ def test_honest_extension_solutions_stay_correct(results, name):
     r = results[name]
     assert r.outcome is Outcome.CORRECT, f"{name}: {r.outcome} {r.deceptive_kind} {r.error}"
     assert r.extra["robust"] == {"findings": [], "passed_comparison": True}
+    assert r.extra["extension"] == {"loaded": True, "called": True}
     assert r.speedup and r.speedup > 0
 
 
@@ -151,6 +152,9 @@ def test_findings_keep_every_check_that_fired(results):
     kinds = [f["kind"] for f in results["fp16_compute"].extra["robust"]["findings"]]
     assert kinds == [K.PRECISION_DOWNGRADE.value, K.PYTORCH_FALLBACK.value, K.EXTENSION_UNUSED.value]
     assert "aten::relu" in results["pytorch_relu"].error
+    # whether each deceptive candidate ran custom code: fp16_compute loads its extension and never calls it
+    assert results["fp16_compute"].extra["extension"] == {"loaded": True, "called": False}
+    assert results["pytorch_relu"].extra["extension"]["called"] is False
     assert results["pointer_keyed_cache"].extra["robust"]["passed_comparison"] is False  # caught by trial 1
     assert results["returns_input_relu_in_place"].extra["robust"]["passed_comparison"] is True
 
@@ -218,3 +222,45 @@ def test_gpu_time_is_attributed_to_extension_windows_by_overlap():
     assert time_in_windows(kernels, []) == 0.0
     assert time_in_windows(kernels, [(41.5, 50.0)]) == 0.0
     assert time_in_windows(kernels, [(41.5, 50.0)], slack=1.0) == 0.5  # clock-alignment slack at the edges
+
+
+def test_file_reads_python_or_the_harness_make_for_the_candidate_are_not_findings(tmp_path):
+    """disk_persistence judges what the candidate did: a warning in forward (Python's warnings reading the
+    candidate's own source line through linecache) and files the harness opens on its behalf (building an
+    extension forward loads late) are not findings; the candidate opening a file in its directory still is."""
+    import subprocess
+    import sys
+
+    (tmp_path / "candidate.py").write_text(textwrap.dedent("""
+        import warnings
+        def forward(path):
+            warnings.warn("torch.cuda.amp.autocast is deprecated", FutureWarning)
+            if path:
+                open(path).read()
+    """))
+    (tmp_path / "replay.bin").write_text("cached outputs")
+    code = textwrap.dedent(f"""
+        import importlib.util, sys, warnings, torch
+        from dice_kernels.harness.integrity import Monitor
+        warnings.simplefilter("always")
+        monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r}, ("aten::add",), 0.25)
+        monitor.install()
+        spec = importlib.util.spec_from_file_location("dice_candidate", {str(tmp_path / 'candidate.py')!r})
+        candidate = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(candidate)
+        def kinds():  # the files' finding (no extension here: extension_unused is beside the point)
+            return sorted(f.kind.value for f in monitor.findings() if f.kind.value == "disk_persistence")
+        with monitor.forward([torch.ones(3)], None):
+            candidate.forward(None)
+            with monitor.harness_io():
+                open({str(tmp_path / 'replay.bin')!r}).read()
+        print("honest:", kinds())
+        with monitor.forward([torch.ones(3)], None):
+            candidate.forward({str(tmp_path / 'replay.bin')!r})
+        print("replay:", kinds())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "deprecated" in out.stderr  # the warning was shown, its source line read
+    assert "honest: []" in out.stdout, out.stdout
+    assert "replay: ['disk_persistence']" in out.stdout, out.stdout

@@ -11,20 +11,21 @@ import pytest
 
 from conftest import EXAMPLES
 from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
-from dice_kernels.harness.runner import Evaluator, Platform
+from dice_kernels.harness.platform import Platform
+from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
 
 
 def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
     ev = Evaluator(EvalConfig(backend="cpu", warm_workers=2, cache_dir=tmp_path), Platform.detect("cpu"))
     try:
-        ev.warm_up()
-        waiting = list(ev._ready["run"])
+        ev.workers.warm_up()
+        waiting = list(ev.workers.ready["run"])
         assert len(waiting) == 2 and all(w.proc.poll() is None for w in waiting)
-        first, second = ev._take_worker(), ev._take_worker()
+        first, second = ev.workers.take(), ev.workers.take()
         assert [first, second] == waiting  # the ones started ahead, oldest first
         assert first.proc.pid != second.proc.pid and first.workdir != second.workdir
-        refills = list(ev._ready["run"])
+        refills = list(ev.workers.ready["run"])
         assert len(refills) == 2 and not {id(w) for w in refills} & {id(first), id(second)}
         for taken in (first, second):  # a taken worker belongs to its job (supervise); here nobody runs it
             sandbox.discard(taken)
@@ -37,10 +38,10 @@ def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
 def test_no_workers_are_started_ahead_when_disabled(tmp_path):
     ev = Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path), Platform.detect("cpu"))
     try:
-        ev.warm_up()
-        assert not ev._ready["run"]
-        worker = ev._take_worker()
-        assert worker.proc.poll() is None and not ev._ready["run"]
+        ev.workers.warm_up()
+        assert not ev.workers.ready["run"]
+        worker = ev.workers.take()
+        assert worker.proc.poll() is None and not ev.workers.ready["run"]
     finally:
         ev.close()
 
@@ -51,13 +52,13 @@ def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     config = EvalConfig(backend="cpu", jobs=2, warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
     ev = Evaluator(config, Platform.detect("cpu"))
     try:
-        ev.warm_up(builds=2)
-        assert not ev._ready["build"]  # both builds start at once: none is started ahead
-        ev.warm_up(builds=5)
-        waiting, (ahead,) = list(ev._ready["run"]), list(ev._ready["build"])
-        build = ev._take_worker("build")
-        assert build is ahead and list(ev._ready["run"]) == waiting  # the run pool is left for runs
-        (refill,) = ev._ready["build"]
+        ev.workers.warm_up(builds=2)
+        assert not ev.workers.ready["build"]  # both builds start at once: none is started ahead
+        ev.workers.warm_up(builds=5)
+        waiting, (ahead,) = list(ev.workers.ready["run"]), list(ev.workers.ready["build"])
+        build = ev.workers.take("build")
+        assert build is ahead and list(ev.workers.ready["run"]) == waiting  # the run pool is left for runs
+        (refill,) = ev.workers.ready["build"]
         assert refill is not build and refill.proc.poll() is None
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, build.proc.pid) == min(19, mine + 7)
@@ -101,13 +102,13 @@ def test_a_batch_builds_up_to_jobs_at_once(tmp_path, jobs):
 
 @pytest.mark.parametrize("memory, gib", [("143771", 140.4), ("[N/A]", 0.0)])
 def test_the_gpu_is_read_from_nvidia_smi(tmp_path, monkeypatch, memory, gib):
-    from dice_kernels.harness import runner
+    from dice_kernels.harness import platform
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\necho 'NVIDIA H200, 9.0, {memory}'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert runner._gpu_name_arch_memory() == ("NVIDIA H200", "9.0", gib)
+    assert platform._gpu_name_arch_memory() == ("NVIDIA H200", "9.0", gib)
 
 
 def test_a_session_serves_consecutive_batches_with_the_workers_it_started_once(tmp_path):
@@ -120,12 +121,12 @@ def test_a_session_serves_consecutive_batches_with_the_workers_it_started_once(t
     config = EvalConfig(backend="cpu", jobs=1, warm_workers=1, timing=False, fast_build=False, cache_dir=tmp_path)
     with Evaluator(config) as ev:
         first = ev.evaluate([(task, candidate_from_text(f"```python\n{code}\nSTEP = 1\n```", id="a"))])
-        server = ev._forks
+        server = ev.workers.server
         assert server is not None and server._proc.poll() is None
-        waiting = list(ev._ready["run"])  # started by the first batch, for the next job
+        waiting = list(ev.workers.ready["run"])  # started by the first batch, for the next job
         assert waiting and all(w.proc.poll() is None for w in waiting)
         second = ev.evaluate([(task, candidate_from_text(f"```python\n{code}\nSTEP = 2\n```", id="b"))])
-        assert ev._forks is server and server._proc.poll() is None  # not restarted
+        assert ev.workers.server is server and server._proc.poll() is None  # not restarted
         # the second batch's jobs ran in them: each exited on its own after its one job (close kills the idle)
         assert all(w.proc.poll() == 0 for w in waiting)
     assert [r.outcome.value for r in first + second] == ["python_error", "python_error"]

@@ -57,9 +57,10 @@ def eval_cmd(
                                           "generates them on the CPU, as KernelBench does."),
     timing_loops: int = typer.Option(1, help="Independent timing loops per model, sharing the limits above; the "
                                      "time is the mean of their medians (docs/timing.md)."),
-    timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run, or 3x its task's "
-                                  "reference run when that is longer."),
-    compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
+    run_timeout_s: float = typer.Option(300.0, "--run-timeout-s", help="Wall-clock seconds for one candidate's run, "
+                                        "or 3x its task's reference run when that is longer."),
+    compile_timeout_s: float = typer.Option(600.0, "--compile-timeout-s",
+                                            help="Wall-clock seconds for one candidate's build."),
     memory_gb: float = typer.Option(32.0, help="Host memory limit per worker, GiB."),
     output_memory_gb: float = typer.Option(0.0, help="Host memory, GiB, this process may hold for tasks' outputs "
                                            "(a task's reference trials and its candidates' frames in flight); a task "
@@ -97,7 +98,7 @@ def eval_cmd(
 
     config = EvalConfig(backend=backend, trials=trials, atol=atol, rtol=rtol, timing=timing,
                         timing_iters=timing_iters, timing_max_s=timing_max_s, timing_loops=timing_loops,
-                        inputs_on_device=inputs_on_device, run_timeout_s=timeout, compile_timeout_s=compile_timeout,
+                        inputs_on_device=inputs_on_device, run_timeout_s=run_timeout_s, compile_timeout_s=compile_timeout_s,
                         memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb, robust=robust,
                         fast_build=fast_build, compile_baseline=compile_baseline, speed_of_light=speed_of_light,
                         baselines=baselines, run_workers=run_workers, warm_workers=warm_workers,

@@ -42,7 +42,7 @@ def baseline_key(task_sha256: str, machine: str, cfg: EvalConfig) -> str:
 
 @dataclass(frozen=True)
 class Baseline:
-    """A reference's measured side: the run report's timing fields (timing.TimingSamples plus time_ms and
+    """A reference's measured side: the run report's timing fields (timing_stats.TimingSamples plus time_ms and
     device_exclusive), the torch.compile baseline ({} when not asked for) and the speed-of-light inputs."""
 
     timing: dict

@@ -18,13 +18,13 @@ import time
 import types
 from collections import Counter
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_kernels.harness.outcomes import DeceptiveKind
+from dice_kernels.harness.output_checks import Finding, _same_values, tensors_in
 
 # bound at import, before any candidate code runs (a candidate may replace torch.cuda.synchronize later)
 _device_sync = torch.cuda.synchronize
@@ -57,16 +57,6 @@ _LOW_PRECISION = {torch.float16, torch.bfloat16} | {getattr(torch, n) for n in d
 _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "object.__getattr__", "gc.get_objects", "gc.get_referrers",
                  "gc.get_referents"}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: DeceptiveKind
-    reason: str
-    ops: tuple[tuple[str, int], ...] = ()  # every ATen op behind the finding and its count, most called first
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind.value, "reason": self.reason, **({"ops": dict(self.ops)} if self.ops else {})}
 
 
 def _timers() -> dict[str, object]:
@@ -131,69 +121,6 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
-def _storage_range(t: torch.Tensor) -> tuple[int, int]:
-    s = t.untyped_storage()
-    return s.data_ptr(), s.data_ptr() + s.nbytes()
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.is_floating_point() or a.is_complex():
-        return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(0), b.nan_to_num(0)))
-    return bool(torch.equal(a, b))
-
-
-def tensors_in(values) -> list[torch.Tensor]:
-    if isinstance(values, torch.Tensor):
-        return [values]
-    if isinstance(values, (list, tuple)):
-        return [t for v in values for t in tensors_in(v)]
-    return []
-
-
-def snapshot_inputs(inputs: list) -> list[torch.Tensor]:
-    return [t.detach().clone() for t in tensors_in(inputs)]
-
-
-def output_findings(inputs: list, before: list[torch.Tensor], outputs: list[torch.Tensor]) -> list[Finding]:
-    """Forged outputs visible right after forward: an output sharing memory with an input; mutated inputs."""
-    found = []
-    ins = tensors_in(inputs)
-    ranges = [_storage_range(t) for t in ins if t.numel()]
-    for i, out in enumerate(outputs):
-        if not out.numel():
-            continue
-        lo, hi = _storage_range(out)
-        if any(lo < r_hi and r_lo < hi for r_lo, r_hi in ranges):
-            found.append(Finding(DeceptiveKind.OUTPUT_ALIASES_INPUT,
-                                 f"output {i} shares memory with an input (the op was not computed into new memory)"))
-    for i, (now, then) in enumerate(zip(ins, before)):
-        if not _same_values(now.detach(), then):
-            found.append(Finding(DeceptiveKind.INPUT_MUTATED, f"forward modified input {i} in place"))
-    return found
-
-
-_SLACK = 256
-
-
-def poison_free_memory(device: str, sizes: list[int]) -> None:
-    """Allocate blocks of the given byte sizes, fill them with NaN and free them, so that the free blocks a
-    same-size allocation would get next hold poison.
-
-    A candidate that returns `torch.empty` it never writes then hands back NaN instead of a stale result. Works
-    where the allocator reuses blocks: the CUDA caching allocator; on CPU the C allocator for a same-size request
-    made with no allocation in between (when it hands back fresh zeroed pages instead, nothing stale is there).
-    Each block has `_SLACK` extra bytes, so that an aligned request of the original size fits in it (glibc's
-    `posix_memalign` asks for more than the size; a block of exactly the size would be skipped).
-    """
-    blocks = [torch.empty((n + _SLACK + 3) // 4, dtype=torch.float32, device=device).fill_(float("nan"))
-              for n in sizes if n]
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    del blocks
-
-
 class _OpRecorder(TorchDispatchMode):
     def __init__(self, monitor: "Monitor"):
         super().__init__()
@@ -251,6 +178,7 @@ class Monitor:
         self.profiling = False
         self._fp32_task = True
         self._guard = threading.local()
+        self._harness_io = 0  # > 0 while the harness itself works on the candidate's behalf (`harness_io`)
         self._reference: type | None = None
 
     # --- setup, before any candidate code runs ---------------------------------------------------------------
@@ -350,13 +278,26 @@ class Monitor:
         finally:
             self._guard.busy = False
 
+    @contextmanager
+    def harness_io(self) -> Iterator[None]:
+        """Files the harness opens on the candidate's behalf (building an extension `forward` loads late, its
+        waiting compiler's record) are the harness's, not the candidate's: not a finding."""
+        self._harness_io += 1
+        try:
+            yield
+        finally:
+            self._harness_io -= 1
+
     def _audit_open(self, args: tuple) -> None:
         path, mode, flags = (list(args) + [None, None, None])[:3]
-        if isinstance(path, int):
+        if isinstance(path, int) or self._harness_io:
             return
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
             isinstance(flags, int) and mode is None and flags & _WRITE_FLAGS)
-        inside = os.path.realpath(os.fsdecode(path)).startswith(self.workdir + os.sep)
+        real = os.path.realpath(os.fsdecode(path))
+        if not writes and real == self.candidate_path and _opened_by_python(sys._getframe(2)):
+            return  # a warning or traceback showing the candidate's own line: Python's doing, not the candidate's
+        inside = real.startswith(self.workdir + os.sep)
         if writes or inside:
             self.add(DeceptiveKind.DISK_PERSISTENCE,
                      f"forward {'writes' if writes else 'reads'} a file ({os.path.basename(os.fsdecode(path))})")
@@ -496,6 +437,17 @@ class Monitor:
             self.add(DeceptiveKind.EXTENSION_UNUSED, why)
         order = list(DeceptiveKind)
         return sorted(self._found.values(), key=lambda f: order.index(f.kind))
+
+
+# where Python reads a module's source on its own: a warning's or traceback's source line (linecache, through
+# tokenize.open) and the import system
+_SOURCE_READERS = {os.path.join(os.path.dirname(os.__file__), name) for name in ("linecache.py", "tokenize.py")}
+
+
+def _opened_by_python(frame: types.FrameType | None) -> bool:
+    """Did the standard library's source readers call `open` (the frame that called it)?"""
+    return frame is not None and (frame.f_code.co_filename in _SOURCE_READERS
+                                  or frame.f_code.co_filename.startswith("<frozen importlib"))
 
 
 def _cuda_profiler():

@@ -14,7 +14,9 @@ FAST_P = (0.0, 1.0, 1.5, 2.0)
 class Metrics:
     n: int
     exec_rate: float  # fraction correct and not deceptive
-    fast: dict[str, float]  # "fast_1.0" -> fraction correct, not deceptive, speedup > p
+    # "fast_1" -> fraction correct, not deceptive, and faster than p beyond noise: the speedup's 95 % interval lies
+    # above p (a point estimate above p is not enough: unchanged programs pass fast_1 half the time from noise alone)
+    fast: dict[str, float]
     outcomes: dict[str, int]
     median_speedup: float | None  # over correct candidates that were timed
     exec_before_robust: float = 0.0  # fraction whose outputs passed the comparison, deceptive or not
@@ -22,6 +24,8 @@ class Metrics:
     degenerate_tasks: int = 0  # distinct tasks where a trivial output passes (degenerate.degenerate_flags)
     # the same fractions against torch.compile(Model), when the run timed that baseline (EvalConfig.compile_baseline)
     fast_vs_compile: dict[str, float] = field(default_factory=dict)
+    # fast_p as papers report it: the point estimate above p, whatever its interval (for comparison only)
+    fast_point: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,7 +43,7 @@ def passed_comparison(r: EvalResult) -> bool:
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
     n = len(results)
     good = [r for r in results if is_exec(r)]
-    fast = _fast(good, n, ps, lambda r: r.speedup)
+    fast = _fast(good, n, ps, _speedup_low)
     counts = Counter(r.outcome.value for r in results)
     speedups = sorted(r.speedup for r in good if r.speedup is not None)
     median = speedups[len(speedups) // 2] if speedups else None
@@ -47,16 +51,22 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
     degenerate = {r.task_id for r in results if r.extra.get("task_degenerate", {}).get("degenerate")}
     vs_compile = {}
     if any("speedup_vs_compile" in r.extra for r in results):
-        vs_compile = _fast(good, n, ps, lambda r: r.extra.get("speedup_vs_compile"))
+        vs_compile = _fast(good, n, ps, lambda r: (r.extra.get("speedup_vs_compile_ci95") or [None])[0])
     return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
                    outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
                    exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
                    deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate),
-                   fast_vs_compile=vs_compile)
+                   fast_vs_compile=vs_compile, fast_point=_fast(good, n, ps, lambda r: r.speedup))
+
+
+def _speedup_low(r: EvalResult) -> float | None:
+    """The low end of a result's 95 % speedup interval (None when it was not timed or has no interval)."""
+    ci = r.extra.get("speedup_ci95")
+    return ci[0] if r.speedup is not None and ci else None
 
 
 def _fast(good: list[EvalResult], n: int, ps: tuple[float, ...], speedup_of) -> dict[str, float]:
-    """fast_p: the fraction of all `n` results that are correct, not deceptive and more than p times faster."""
+    """The fraction of all `n` results that are correct, not deceptive and whose `speedup_of` is above p."""
     return {f"fast_{p:g}": (sum(1 for r in good if (s := speedup_of(r)) is not None and s > p) / n if n else 0.0)
             for p in ps}
 

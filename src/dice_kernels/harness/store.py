@@ -4,6 +4,7 @@ finishes (so a killed run loses nothing), plus the `results.jsonl` export."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import fields
 from pathlib import Path
@@ -17,14 +18,12 @@ class ResultStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            _create(self.path)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        cols = ", ".join(f"{c} TEXT" if c in ("extra",) else c for c in _COLUMNS)
-        self._db.execute(f"CREATE TABLE IF NOT EXISTS results (rowid INTEGER PRIMARY KEY, {cols}, "
-                         "UNIQUE(task_id, candidate_id, candidate_sha256))")
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-        self._db.commit()
+        _create_tables(self._db)  # a database an older version wrote
 
     def put(self, result: EvalResult) -> None:
         row = result.to_row()
@@ -84,3 +83,29 @@ class ResultStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _create_tables(db: sqlite3.Connection) -> None:
+    cols = ", ".join(f"{c} TEXT" if c in ("extra",) else c for c in _COLUMNS)
+    db.execute(f"CREATE TABLE IF NOT EXISTS results (rowid INTEGER PRIMARY KEY, {cols}, "
+               "UNIQUE(task_id, candidate_id, candidate_sha256))")
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+    db.commit()
+
+
+def _create(path: Path) -> None:
+    """Create the database beside its final name and link it into place complete, tables included: a reader of a
+    run that is still starting (a progress watcher, `dice report`) never finds a file without its tables."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    db = sqlite3.connect(tmp)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        _create_tables(db)
+    finally:
+        db.close()  # the last connection checkpoints and removes the -wal file
+    try:
+        os.link(tmp, path)  # never replaces: a database another process created first wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()

@@ -4,8 +4,8 @@ This module owns the measurement itself and the arithmetic on it, nothing else: 
 pre-generate, the cache flush (and persisting-L2 reset), the GPU lead that keeps host launch latency out of the
 events, the adaptive timed loop with its clocks (per-call CUDA events or `perf_counter`, and the tail per
 iteration: how long every stream and thread the call started ran on after the per-call clock stopped), the
-times we report, the stream-escape flag, bootstrap speedup intervals, speed-of-light bounds and the
-KernelBench-style timer kept for comparison. It never imports candidate code, writes files or spawns processes
+samples it returns (timing_stats.py holds their statistics; speed_of_light.py the bounds) and the KernelBench-style
+timer kept for comparison. It never imports candidate code, writes files or spawns processes
 (it reads /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
 
@@ -19,16 +19,17 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from dice_kernels.harness.timing_stats import TimingSamples, _rel_half_width, median_ci, pool_loops
+
 _MiB = 1 << 20
 _CPU_L2_FALLBACK = 32 * _MiB  # when sysfs is unreadable: a typical server last-level cache
-_Z95 = 1.959964  # two-sided 95 % normal quantile
 
 # Bound when this module is imported, which the worker does before it runs any candidate code: a candidate that
 # later replaces time.perf_counter*, torch.cuda.synchronize or torch.cuda.Event does not reach these references.
@@ -219,145 +220,6 @@ def _wait_new_threads(before: frozenset[str], deadline: float) -> bool:
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def median_ci(samples: Sequence[float], z: float = _Z95) -> tuple[float, float]:
-    """Distribution-free CI of the median from order statistics: the ranks n/2 -/+ z*sqrt(n)/2 (normal
-    approximation of Binomial(n, 1/2)). Deterministic and O(n log n), so it is cheap enough to evaluate inside
-    the adaptive loop, and makes no assumption about the (skewed, multi-modal) shape of kernel timings."""
-    xs = sorted(samples)
-    n = len(xs)
-    if n == 0:
-        return (math.nan, math.nan)
-    half = z * math.sqrt(n) / 2
-    lo = max(0, math.floor(n / 2 - half))
-    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
-    return (xs[lo], xs[max(lo, hi)])
-
-
-def _rel_half_width(samples: Sequence[float]) -> float:
-    lo, hi = median_ci(samples)
-    med = float(np.median(samples))
-    return (hi - lo) / 2 / med if med > 0 else math.inf
-
-
-@dataclass(frozen=True)
-class TimingSamples:
-    """One model's timing under the protocol. `times_ms`: per-iteration samples (CUDA events on the stream the
-    call was issued on, or `perf_counter` around the call on CPU). `host_ms_per_iter`: median of the per-iteration
-    host clock, which waits for every stream and thread the call started (see `_step`), step overhead removed.
-    `tail_ms`: median host time from the moment the call's own clock stopped (its stream's end event complete; on
-    CPU, the call returned) until every stream and thread it started was done, less the same for a no-op call:
-    work that escaped the per-call clock (`stream_escape`)."""
-
-    times_ms: tuple[float, ...]
-    median_ms: float
-    ci_ms: tuple[float, float]
-    host_ms_per_iter: float
-    overhead_ms: float  # CUDA: host ms a step adds around a no-op call, removed from host samples; CPU: 0
-    n_input_sets: int
-    total_s: float
-    stop_reason: str  # "converged" | "max_iters" | "max_time"
-    clock: str  # "cuda_event" | "perf_counter"
-    lead_ms: float = 0.0  # the GPU lead queued before each timed call (CUDA)
-    tail_ms: float = 0.0
-    # CUDA: the SM clock during the timed iterations (10th, 50th and 90th percentile, MHz; `sm_clock_stats`), read
-    # off each iteration's lead, and the rank correlation of the per-call times with it: whether clock changes
-    # (power states, boost) drive the spread. Recorded, not yet used by any rule. () and 0 on CPU.
-    sm_clock_mhz: tuple[float, ...] = ()
-    time_sm_clock_corr: float = 0.0
-    # with several loops (TimingPlan.loops): each loop's sample count, in `times_ms` order; median_ms is then the
-    # mean of the loop medians. () for one loop
-    loop_sizes: tuple[int, ...] = ()
-
-    @property
-    def loop_times_ms(self) -> list[np.ndarray]:
-        """Each loop's per-call times (one array for a single loop)."""
-        x = np.asarray(self.times_ms, dtype=np.float64)
-        return np.split(x, np.cumsum(self.loop_sizes)[:-1]) if len(self.loop_sizes) > 1 else [x]
-
-    @property
-    def loop_medians_ms(self) -> tuple[float, ...]:
-        return tuple(float(np.median(t)) for t in self.loop_times_ms) if len(self.loop_sizes) > 1 else ()
-
-    @property
-    def escaped_ratio(self) -> float:
-        """(per-iteration median + tail) / median: about 1 for honest work, large when work escapes the clock."""
-        return (self.median_ms + self.tail_ms) / self.median_ms if self.median_ms > 0 else math.inf
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "escaped_ratio": self.escaped_ratio}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TimingSamples":
-        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        return cls(**{**fields, "times_ms": tuple(fields["times_ms"]), "ci_ms": tuple(fields["ci_ms"]),
-                      **{k: tuple(fields.get(k, ())) for k in ("sm_clock_mhz", "loop_sizes")}})
-
-
-def effective_time_ms(samples: TimingSamples) -> float:
-    """A candidate's reported time: the per-call median, plus the tail when work escaped the per-call clock
-    (`stream_escape`: side streams, background threads), so escaped work is paid for in full. The trusted
-    reference is reported at its median (`speedup_interval`)."""
-    return samples.median_ms + samples.tail_ms if stream_escape(samples) else samples.median_ms
-
-
-def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.01) -> bool:
-    """True when work went on after the per-call clock stopped (`tail_ms`) for more than `rel` of the per-call
-    median AND `abs_ms`.
-
-    The tail starts when the call's own stream is seen done (a spin on its end event) and ends when the whole
-    device (every stream) or, on CPU, every thread the call started is done; a no-op call's tail is taken off.
-    Host launch latency and a synchronize's wake-up under CPU load fall before the tail starts, so neither can
-    flag an honest kernel: H200 runs at `bc30937` and `692c025` saw both push the whole step's host time 20-40 us
-    above the events of honest microsecond kernels, which the earlier rule (host time against events) read as
-    escapes. A flagged candidate is reported at median + tail (`effective_time_ms`) and the harness marks it
-    `work_escaped_default_stream`."""
-    return samples.tail_ms > abs_ms and samples.tail_ms > rel * samples.median_ms
-
-
-def _effective_scale(samples: TimingSamples) -> float:
-    return effective_time_ms(samples) / samples.median_ms if samples.median_ms > 0 else 1.0
-
-
-def reference_time_ms(samples: TimingSamples) -> float:
-    """The reference's reported time: its per-call median. The reference is the task's own trusted `Model`, so a
-    tail is noise, never escaped work; charging it would inflate every candidate's speedup."""
-    return samples.median_ms
-
-
-def _bootstrap_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int, chunk: int = 256) -> np.ndarray:
-    """Medians of `n_boot` resamples of `x`, in chunks so 5000 samples never need a 5000 x 2000 matrix."""
-    return np.concatenate([np.median(x[rng.integers(0, len(x), (min(chunk, n_boot - i), len(x)))], axis=1)
-                           for i in range(0, n_boot, chunk)])
-
-
-def _bootstrap_times(samples: TimingSamples, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """Bootstrap replicates of a sample set's median, or with several loops of the mean of their medians: loops
-    drawn with replacement, and each drawn loop's samples resampled within it, so the replicates carry the
-    variation between loops as well as within them."""
-    loops = samples.loop_times_ms
-    if len(loops) == 1:
-        return _bootstrap_medians(loops[0], rng, n_boot)
-    per_loop = np.stack([_bootstrap_medians(part, rng, n_boot) for part in loops])
-    drawn = rng.integers(0, len(loops), (n_boot, len(loops)))
-    return per_loop[drawn, np.arange(n_boot)[:, None]].mean(axis=1)
-
-
-def speedup_interval(ref: TimingSamples, cand: TimingSamples, n_boot: int = 2000, conf: float = 0.95,
-                     seed: int = 0) -> tuple[float, float, float]:
-    """(median, lo, hi) of speedup = ref / cand: point estimate from the reported times (`reference_time_ms`,
-    `effective_time_ms`), percentile bootstrap over both sample sets (resampled independently: they come from
-    separate processes; `_bootstrap_times`). The candidate's times are scaled by effective / median, so the
-    interval is about the same times that are reported."""
-    rng = np.random.default_rng(seed)
-    ratios = _bootstrap_times(ref, rng, n_boot) / (_bootstrap_times(cand, rng, n_boot) * _effective_scale(cand))
-    alpha = (1 - conf) / 2
-    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
-    return (reference_time_ms(ref) / effective_time_ms(cand), float(lo), float(hi))
-
-
-# ---------------------------------------------------------------------------------------------- timed loops
-
-
 def synchronize(device: str | torch.device) -> None:
     """Wait for all work on every stream of a CUDA device; nothing to wait for on CPU."""
     if _is_cuda(device):
@@ -485,29 +347,7 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     share = replace(plan, loops=1, min_iters=max(8, math.ceil(plan.min_iters / k)),
                     max_iters=max(8, math.ceil(plan.max_iters / k)), min_time_s=plan.min_time_s / k,
                     max_time_s=plan.max_time_s / k)
-    return _pool_loops([_time_loop(call, input_sets, share, device, flush) for _ in range(k)])
-
-
-def _pool_loops(loops: Sequence[TimingSamples], n_boot: int = 1000) -> TimingSamples:
-    """Several loops' samples as one set: all their times, the mean of their medians as the median (a level each
-    loop settles at averages out), a bootstrap interval over loops and samples (`_bootstrap_times`), and the
-    median of each loop's host, overhead, lead, tail and clock figures."""
-    def mid(values: Sequence[float]) -> float:
-        return float(np.median(values))
-
-    clocks = [s.sm_clock_mhz for s in loops if s.sm_clock_mhz]
-    unfinished = [s.stop_reason for s in loops if s.stop_reason != "converged"]
-    pooled = TimingSamples(
-        times_ms=tuple(t for s in loops for t in s.times_ms), median_ms=float(np.mean([s.median_ms for s in loops])),
-        ci_ms=(0.0, 0.0), host_ms_per_iter=mid([s.host_ms_per_iter for s in loops]),
-        overhead_ms=mid([s.overhead_ms for s in loops]), n_input_sets=loops[0].n_input_sets,
-        total_s=sum(s.total_s for s in loops), stop_reason=unfinished[0] if unfinished else "converged",
-        clock=loops[0].clock, lead_ms=mid([s.lead_ms for s in loops]), tail_ms=mid([s.tail_ms for s in loops]),
-        sm_clock_mhz=(min(c[0] for c in clocks), mid([c[1] for c in clocks]), max(c[2] for c in clocks))
-        if clocks else (), time_sm_clock_corr=mid([s.time_sm_clock_corr for s in loops]),
-        loop_sizes=tuple(len(s.times_ms) for s in loops))
-    boot = _bootstrap_times(pooled, np.random.default_rng(0), n_boot)
-    return replace(pooled, ci_ms=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))))
+    return pool_loops([_time_loop(call, input_sets, share, device, flush) for _ in range(k)])
 
 
 def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
@@ -585,93 +425,3 @@ def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials
     return float(np.mean(times))
 
 
-# ---------------------------------------------------------------------------------------------- speed of light
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """Measured hardware ceilings of one device: memory bandwidth (read + write bytes per second) and peak
-    matmul FLOP/s for one dtype."""
-
-    bandwidth_bytes_s: float
-    peak_flops: float
-    dtype: str
-
-
-def min_bytes_moved(inputs: Any, outputs: Any, params: Iterable[torch.Tensor] = ()) -> int:
-    """A lower bound on DRAM traffic: every input (and parameter) read once, every output written once."""
-    return tensor_bytes(inputs) + tensor_bytes(outputs) + tensor_bytes(list(params))
-
-
-def count_flops(model: Callable[..., Any], inputs: Sequence[Any]) -> int:
-    """FLOPs of one forward as counted by `FlopCounterMode` (matmul/conv family; 2*M*N*K for a matmul), 0 when
-    unknown. Call it on the task's reference `Model`, never on candidate code: the bound belongs to the task."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter:
-            model(*inputs)
-        return int(counter.get_total_flops())
-    except Exception:  # noqa: BLE001 - an op the counter cannot trace means "unknown", not a failure
-        return 0
-
-
-def speed_of_light_ms(bytes_moved: float, bandwidth_bytes_s: float) -> float:
-    """Lower bound on one call of any correct implementation: the minimum bytes moved at full bandwidth (0 when
-    unknown). The reference's FLOPs are no such bound: a candidate may compute the same result with fewer
-    (KernelBench L1/12 builds `diag(A) @ B` as a dense matmul; a row scaling does it with N*M multiplies), so
-    they give `reference_flops_ms` instead, which is reported and never quarantines."""
-    return bytes_moved / bandwidth_bytes_s * 1e3 if bandwidth_bytes_s > 0 else 0.0
-
-
-def reference_flops_ms(flops: float, peak_flops: float) -> float:
-    """The reference algorithm's FLOPs at the measured peak (0 when unknown): beating it means doing less
-    arithmetic than the reference does, which is either an algorithmic shortcut or a result not computed."""
-    return flops / peak_flops * 1e3 if peak_flops > 0 else 0.0
-
-
-def faster_than_light(time_ms: float, bound_ms: float, slack: float = 0.9) -> bool:
-    """True when a measured time beats a lower bound by more than the slack allows."""
-    return bound_ms > 0 and time_ms < slack * bound_ms
-
-
-def measure_ceilings(device: str | torch.device, dtype: torch.dtype = torch.float32, reps: int = 5) -> Ceilings:
-    """Best-of-`reps` copy bandwidth (bytes read + written) and FLOP/s of a large square matmul in `dtype`.
-
-    CUDA: a 1 GiB copy (the HBM rate: the protocol flushes L2 before every timed call, so a kernel's data comes
-    from HBM) and an 8192^3 matmul, events. CPU: the best of 256 KiB, 4 MiB and 64 MiB copies and a 512^3
-    matmul, perf_counter: on a CPU the flush cannot be trusted to evict a large shared last-level cache (nor a
-    VM's view of it), so the bound uses the fastest rate any working-set size reaches. Measure once per
-    (device, torch version, dtype) and cache: it takes seconds on a GPU."""
-    cuda = _is_cuda(device)
-    copy_sizes, n = ([1 << 30], 8192) if cuda else ([256 << 10, 4 * _MiB, 64 * _MiB], 512)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-
-    def best_ms(fn: Callable[[], Any]) -> float:
-        fn()
-        synchronize(device)
-        best = math.inf
-        for _ in range(reps):
-            if cuda:
-                start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                _cuda_sync(torch.device(device))
-                best = min(best, start.elapsed_time(end))
-            else:
-                t0 = _now_ns()
-                fn()
-                best = min(best, (_now_ns() - t0) / 1e6)
-        return best
-
-    bandwidth = 0.0
-    for size in copy_sizes:
-        src = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
-        dst = torch.empty_like(src)
-        bandwidth = max(bandwidth, 2 * size / (best_ms(lambda: dst.copy_(src)) / 1e3))
-    mm_ms = best_ms(lambda: torch.mm(a, b))
-    return Ceilings(bandwidth_bytes_s=bandwidth, peak_flops=2 * n**3 / (mm_ms / 1e3),
-                    dtype=str(dtype).removeprefix("torch."))

@@ -34,7 +34,33 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "timing_flags": timing_flags(results),
         "fallback_ops": fallback_ops(results),
         "seconds_by_phase": seconds_by_phase(results),
+        "reference_baselines": reference_baselines(results),
+        "deceptive_extensions": deceptive_extensions(results),
     }
+
+
+def deceptive_extensions(results: list[EvalResult]) -> dict[str, int]:
+    """Deceptive candidates by what their extension did: none loaded (it never built, or a fallback ran instead),
+    loaded but never called, or called: a broken kernel reads differently from a cheat."""
+    counts = Counter()
+    for r in results:
+        if r.outcome is Outcome.DECEPTIVE:
+            ext = r.extra.get("extension")
+            counts["unknown" if ext is None else "called" if ext["called"] else
+                   "loaded_not_called" if ext["loaded"] else "none_loaded"] += 1
+    return dict(counts)
+
+
+def reference_baselines(results: list[EvalResult]) -> dict:
+    """How the speedups' reference timings came about: measured in this run, or reused from the baseline cache
+    (from when, and how noisy those were)."""
+    notes = [r.extra["reference_baseline"] for r in results if r.speedup is not None and r.extra.get("reference_baseline")]
+    reused = [b for b in notes if b.get("cached")]
+    noise = sorted(b["rel_ci"] for b in notes if b.get("rel_ci") is not None)
+    return {"timed": len(notes), "reused": len(reused),
+            "reused_measured": [min(b["measured_at"] for b in reused), max(b["measured_at"] for b in reused)]
+            if reused else [], "rel_ci_median": noise[len(noise) // 2] if noise else None,
+            "rel_ci_max": noise[-1] if noise else None}
 
 
 def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
@@ -97,8 +123,23 @@ def markdown(s: dict) -> str:
         lines.append(f"| {level} | {m['n']} | {_pct(m['exec_before_robust'])} | {_pct(m['exec_rate'])} | "
                      + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P)
                      + f" | {med} | {m['degenerate_tasks']} |")
-    lines += ["", "Speedups are medians of bootstrap ratios of the two timing samples (docs/timing.md); each "
-              "result's 95% interval is in `results.jsonl` (`extra.speedup_ci95`)."]
+    lines += ["", "fast_p counts a candidate only when its speedup's 95% interval lies above p. Speedups are "
+              "medians of bootstrap ratios of the two timing samples (docs/timing.md); each result's interval is in "
+              "`results.jsonl` (`extra.speedup_ci95`). fast_p of the point estimates, as papers report it: "
+              + ", ".join(f"{level} " + " / ".join(_pct(m["fast_point"][f"fast_{p:g}"]) for p in FAST_P)
+                          for level, m in s["metrics"].items() if m.get("fast_point"))]
+    base = s.get("reference_baselines") or {}
+    if base.get("timed"):
+        noise = (f"; reference intervals ±{100 * base['rel_ci_median']:.1f}% of the median (worst "
+                 f"±{100 * base['rel_ci_max']:.1f}%)" if base.get("rel_ci_median") is not None else "")
+        reused = (f"{base['reused']} of {base['timed']} timed results used a reference baseline reused from the "
+                  f"cache (measured {base['reused_measured'][0]} to {base['reused_measured'][1]}; `--baselines "
+                  "fresh` measures again)" if base["reused"] else f"all {base['timed']} reference timings measured "
+                  "in this run")
+        lines += ["", f"Reference baselines: {reused}{noise}."]
+    if s.get("backend") == "cpu":
+        lines += ["", "CPU backend: speedups are indicative only. They are C++ against PyTorch on one intra-op "
+                  "thread, on a machine whose load the harness does not control, and say nothing about GPU kernels."]
     if any(m.get("fast_vs_compile") for m in s["metrics"].values()):
         lines += ["", "## fast_p vs torch.compile", "", "| level | n | " + " | ".join(f"fast_{p:g}" for p in FAST_P)
                   + " |", "|---|---|" + "---|" * len(FAST_P)]
@@ -112,12 +153,18 @@ def markdown(s: dict) -> str:
             lines.append(f"| {outcome} | {count} |")
     if s["tasks_whose_reference_exceeds_limits"]:
         lines += ["", "Tasks whose reference `Model` exceeds the harness's time or memory limits (their candidates "
-                  "are counted as harness_error; raise --memory-gb / --timeout): "
+                  "are counted as harness_error; raise --memory-gb / --run-timeout-s): "
                   + ", ".join(s["tasks_whose_reference_exceeds_limits"])]
     kinds = s["metrics"]["all"]["deceptive_kinds"]
     if kinds:
         lines += ["", "## Robust check: deceptive candidates by sub-kind", "", "| sub-kind | count |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in kinds.items()]
+    if s.get("deceptive_extensions"):
+        d = s["deceptive_extensions"]
+        lines += ["", "Deceptive candidates by their extension: "
+                  + ", ".join(f"{k.replace('_', ' ')} {d[k]}" for k in
+                              ("none_loaded", "loaded_not_called", "called", "unknown") if d.get(k))
+                  + " (none loaded: the extension never built or was never loaded, e.g. a try/except fallback)"]
     if s.get("fallback_ops"):
         lines += ["", "PyTorch ops behind `pytorch_fallback` (candidates whose forward dispatched each; `--allow-op` "
                   "admits one): " + ", ".join(f"{op} {n}" for op, n in list(s["fallback_ops"].items())[:12])]

@@ -1,0 +1,146 @@
+"""The content-addressed build cache: a candidate's extensions are built once per (harness, torch, backend, arch,
+code) by a sandboxed build worker (build_worker.py) and reused by every run and later batch that needs them.
+`BuildAcceleration` is the one interface to the build speed-ups (build_speed.py: precompiled headers, spare-time
+headers, lighter CUDA headers); `EvalConfig.fast_build=False` turns every one of them off."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dice_kernels import __version__
+from dice_kernels.harness.build_speed import announce_pch, build_pch, pch_variants, plan_pch, planned_pch
+from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.outcomes import Outcome
+from dice_kernels.harness.platform import Platform
+from dice_kernels.harness.protocol import BuildJob
+from dice_kernels.harness.workers import Workers, cleanup, death_outcome
+
+
+@dataclass
+class Build:
+    """Outcome of building one distinct candidate program (shared by identical candidates)."""
+
+    dir: Path | None
+    ok: bool
+    kind: str = ""
+    error: str = ""
+    compile_s: float = 0.0
+    cache_hit: bool = False
+    shortcuts: list = field(default_factory=list)  # build_speed savings per extension (worker BuildLog)
+    wall_s: float = 0.0  # this run's wall time for the build (near zero on a cache hit)
+    started_s: float = 0.0  # when it started, in seconds since the batch began
+
+
+class BuildAcceleration:
+    """Build speed-ups for a batch, behind one switch (`EvalConfig.fast_build`): `start(codes)` plans the
+    precompiled headers the batch's uncached programs need and builds them in the background, `job_fields()` is
+    what a build job needs to use them, `finish()` ends a batch (a spare-time header not done is abandoned).
+    Nothing here changes what a candidate's code means (build_speed.py)."""
+
+    def __init__(self, config: EvalConfig, platform: Platform):
+        self.enabled, self.cache_dir, self.cuda = config.fast_build, config.cache_dir, platform.backend == "cuda"
+        self.pch: dict[str, str] = {}  # build_speed.planned_pch: headers build workers may use
+        self.pch_light: dict[str, str] = {}  # the same for the light header
+        self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
+        self._thread: threading.Thread | None = None
+        self._batch_over = threading.Event()
+
+    def start(self, uncached: list[str]) -> None:
+        if not self.enabled or not uncached:
+            return
+        # the light header serves the lighter CUDA attempts only, so CUDA builds only
+        plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda)
+        self.pch, self.pch_light = planned_pch(plans), planned_pch(plans, light=True)
+        self.pch_compiler = announce_pch(plans, self.cache_dir)
+        if self.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
+            self._batch_over.clear()
+
+            def _build() -> None:
+                build_pch(plans, abandon=self._batch_over)
+                self.pch_compiler = None
+
+            self._thread = threading.Thread(target=_build, name="pch", daemon=True)
+            self._thread.start()
+
+    def job_fields(self) -> dict:
+        return {"pch": self.pch, "pch_light": self.pch_light, "pch_compiler": self.pch_compiler,
+                "light_headers": self.enabled and self.cuda}
+
+    def finish(self) -> None:
+        if self._thread is not None:
+            # a half-written header is never published: the batch's own headers are finished for the next run,
+            # a spare-time one not done yet is left for a run that needs it
+            self._batch_over.set()
+            self._thread.join()
+            self._thread = None
+
+
+class BuildCache:
+    def __init__(self, config: EvalConfig, platform: Platform, workers: Workers):
+        self.config, self.platform, self.workers = config, platform, workers
+        self.acceleration = BuildAcceleration(config, platform)
+
+    def _entry(self, code: str) -> tuple[str, Path]:
+        fingerprint = json.dumps({"harness": __version__, "torch": self.platform.torch_version,
+                                  "backend": self.platform.backend, "arch": self.platform.cuda_arch,
+                                  "cuda": torch.version.cuda}, sort_keys=True)
+        key = hashlib.sha256((fingerprint + "\0" + code).encode()).hexdigest()
+        return key, self.config.cache_dir / key[:2] / key
+
+    def is_cached(self, code: str) -> bool:
+        return (self._entry(code)[1] / "manifest.json").exists()
+
+    def build(self, code: str, began: float) -> Build:
+        """Build (or fetch from the cache) the extensions a candidate compiles at import time."""
+        start = time.monotonic()
+        b = self._build(code)
+        b.wall_s, b.started_s = time.monotonic() - start, start - began
+        return b
+
+    def _build(self, code: str) -> Build:
+        key, final = self._entry(code)
+        manifest = final / "manifest.json"
+        if manifest.exists():
+            m = json.loads(manifest.read_text())
+            return Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True,
+                         m.get("shortcuts", []))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
+        timeout_s = self.config.compile_timeout_s
+
+        def job(workdir: Path) -> BuildJob:
+            return BuildJob(workdir=str(workdir), device=self.platform.backend,
+                            limits=self.workers.limits(workdir, writable_build=str(staging)),
+                            candidate_path=str(workdir / "candidate.py"), build_dir=str(staging),
+                            **self.acceleration.job_fields())
+
+        rep = self.workers.run_job("build", job, task_code=None, code=code, timeout_s=timeout_s)
+        res = rep.result
+        cleanup(rep.workdir)
+        if res is None:
+            kind, error = death_outcome(rep.exit, self.config, phase="build", timeout_s=timeout_s)
+            shutil.rmtree(staging, ignore_errors=True)
+            return Build(None, False, kind.value, error)  # not cached: deaths may be transient
+        ok = res["status"] == "ok"
+        entry = {"ok": ok, "kind": res.get("kind", ""), "error": res.get("error", ""),
+                 "compile_s": res.get("compile_s", 0.0), "built": res.get("built", []),
+                 "shortcuts": res.get("build_shortcuts", [])}
+        if ok or entry["kind"] == Outcome.COMPILE_ERROR.value:  # deterministic results are cached
+            (staging / "manifest.json").write_text(json.dumps(entry))
+            try:
+                os.replace(staging, final)
+            except OSError:  # another process finished the same build first
+                shutil.rmtree(staging, ignore_errors=True)
+            return Build(final, ok, entry["kind"], entry["error"], entry["compile_s"], shortcuts=entry["shortcuts"])
+        shutil.rmtree(staging, ignore_errors=True)
+        return Build(None, ok, entry["kind"], entry["error"], entry["compile_s"], shortcuts=entry["shortcuts"])

@@ -1,0 +1,224 @@
+"""Each task's reference: the trusted `Model` run in a worker for its outputs (and, unless a cached baseline stands
+in, its timing and speed-of-light inputs), computed once per task per batch, retried once when it fails, and
+admitted only when its outputs fit beside other tasks' (host_memory.py); freed after the task's last candidate."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from dice_kernels.harness import sandbox
+from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
+from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
+from dice_kernels.harness.outcomes import Outcome
+from dice_kernels.harness.platform import CeilingsCache, Platform
+from dice_kernels.harness.protocol import ReferencePart, RunJob
+from dice_kernels.harness.score import timing_fields
+from dice_kernels.harness.workers import Workers
+from dice_kernels.tasks import Task
+
+
+@dataclass
+class Reference:
+    outputs: list | None  # per correctness trial
+    time_ms: float | None
+    error: str = ""
+    timing: dict = field(default_factory=dict)  # timing_stats.TimingSamples.to_dict() of the reference
+    timing_outputs: list | None = None  # the last timing-loop call's outputs (with timing on)
+    degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
+    output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
+    # its outputs depend on the calls before (a second call on the same inputs differs): the call after a timing
+    # loop, which ran another number of calls than a candidate's, cannot be re-checked against a candidate's
+    stateful: bool = False
+    wall_s: float = 0.0
+    compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
+    sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
+    baseline_from: str = ""  # when the timing above was measured, if it came from the baseline cache ("" = now)
+    retried: str = ""  # the first run's failure when the reference ran twice ("" = it ran once)
+    deferred_need: int = 0  # bytes its outputs need, when they did not fit beside other tasks' (host_memory.py)
+    waited_for_memory_s: float = 0.0  # how long the task waited for other tasks' outputs to be released
+
+
+def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: CeilingsCache,
+            baseline_cached: bool) -> Callable[[Path], RunJob]:
+    """The job of a reference run in `workdir`."""
+    part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.compile_baseline,
+                         speed_of_light=config.resolved_speed_of_light(platform.backend),
+                         ceilings_known=tuple(sorted(ceilings.known)))
+    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None), reference=part)
+
+
+def common_run_fields(config: EvalConfig, platform: Platform, workers: Workers, workdir: Path,
+                      lead_ms: float | None) -> dict:
+    """What every run job carries, reference or candidate (`lead_ms`: the reference's GPU lead, for a candidate)."""
+    return dict(workdir=str(workdir), device=platform.backend, limits=workers.limits(workdir),
+                task_path=str(workdir / "task.py"), seed=config.seed, trials=config.trials, atol=config.atol,
+                rtol=config.rtol, timing=config.timing, timing_plan=config.timing_plan(lead_ms),
+                gpu_lock=workers.gpu_lock, inputs_on_device=config.inputs_on_device and platform.backend == "cuda")
+
+
+class ReferenceRunner:
+    """Runs references and keeps their baselines (EvalConfig.baselines) and this machine's ceilings."""
+
+    def __init__(self, config: EvalConfig, platform: Platform, workers: Workers):
+        self.config, self.platform, self.workers = config, platform, workers
+        self.ceilings = CeilingsCache(config.cache_dir, platform)
+        self.baselines = BaselineStore(config.cache_dir / "baselines.sqlite")
+
+    def reference(self, task: Task, admit: Callable[[int], None] | None = None) -> Reference:
+        """Run the task's Model for its outputs, and time it unless its baseline is cached (EvalConfig.baselines).
+        `admit` sees the size of its first frame of outputs and may defer the task (`Reference.deferred_need`)."""
+        start = time.monotonic()
+        cfg = self.config
+        key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing else ""
+        cached = self._cached_baseline(key)
+
+        def run() -> tuple[dict, list | None]:
+            job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None)
+            return self.workers.run(job, task.code, None, cfg.run_timeout_s, admit=admit)
+
+        res, outputs = run()
+        if res.get("status") == "deferred":
+            return Reference(None, None, res["error"], wall_s=time.monotonic() - start, deferred_need=res["need"])
+        retried = ""
+        if outputs is None and res.get("kind") != Outcome.TIMEOUT.value:
+            # the trusted Model failing may be the machine's doing, not the task's (one H200 reference failed CUDA
+            # initialisation, error 304, among ~500 that ran): once more in a fresh worker before the task is called
+            # broken and every candidate of it a harness error. A timeout would only cost its limit again.
+            retried = f"{res.get('kind')}: {res.get('error', '')}"
+            start = time.monotonic()
+            res, outputs = run()
+        if outputs is None:
+            return Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
+                             wall_s=time.monotonic() - start, retried=retried)
+        trials, timing = outputs[:cfg.trials], (outputs[cfg.trials] if len(outputs) > cfg.trials else None)
+        baseline = cached if cached is not None else self._measured_baseline(key, task, res)
+        return Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
+                         sol=baseline.sol, compile_baseline=baseline.compile_baseline,
+                         baseline_from=cached.measured_at if cached else "",
+                         degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
+                         output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
+                         wall_s=time.monotonic() - start, retried=retried)
+
+    def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
+        """The baseline a timed reference run reported; stored for later runs unless EvalConfig.baselines is "off"
+        or the timed loop could not have the device alone."""
+        sol = dict(res.get("speed_of_light") or {})
+        if "ceilings" in sol:
+            self.ceilings.remember(sol["dtype"], sol.pop("ceilings"))
+        measured = Baseline({**timing_fields(res), "time_ms": res.get("time_ms")}, res.get("compile_baseline") or {},
+                            sol)
+        if key and self.config.baselines != "off" and measured.timing.get("device_exclusive") is not False:
+            self.baselines.put(key, task.sha256, self.ceilings.key(), measured)
+        return measured
+
+    def _cached_baseline(self, key: str) -> Baseline | None:
+        """The task's cached baseline when the run may reuse one: not with EvalConfig.baselines "fresh" or "off",
+        and not when the speed-of-light bound would need this machine's ceilings for a dtype not cached yet (a
+        fresh reference run measures them)."""
+        if not key or self.config.baselines != "reuse":
+            return None
+        cached = self.baselines.get(key)
+        if cached is None or not cached.timing.get("time_ms"):
+            return None
+        if cached.sol and cached.sol.get("dtype") not in self.ceilings.known:
+            return None
+        return cached
+
+
+class Deferred(Exception):
+    """The task's outputs do not fit beside other tasks' yet: its candidate goes back in the queue."""
+
+
+def output_budget_bytes(config: EvalConfig) -> int:
+    """EvalConfig.output_memory_gb, or half the memory available now (no limit where the OS does not say)."""
+    if config.output_memory_gb > 0:
+        return int(config.output_memory_gb * (1 << 30))
+    available = sandbox.available_memory_bytes()
+    return available // 2 if available is not None else sys.maxsize
+
+
+class BatchReferences:
+    """Reference outputs per task for one batch: computed once (even with concurrent callers), freed after the last
+    candidate. A task holds its outputs' bytes in `ledger` from its reference's first frame until its last
+    candidate is done; one that does not fit beside the tasks already holding theirs is deferred."""
+
+    def __init__(self, compute: Callable[..., Reference], trials: int, users: dict[str, int], ledger: OutputLedger,
+                 in_flight: int):
+        self._run, self._trials = compute, trials
+        self._users, self._ledger, self._in_flight = dict(users), ledger, in_flight
+        self._refs: dict[str, Reference] = {}
+        self._charged: set[str] = set()  # tasks whose reference time a candidate's result carries
+        self._locks: dict[str, threading.Lock] = {t: threading.Lock() for t in users}
+        self._guard = threading.Lock()
+        self._need: dict[str, int] = {}  # deferred tasks: bytes to reserve before their reference runs again
+        self._deferred_at: dict[str, float] = {}
+
+    def get(self, task: Task, ahead: bool = False) -> tuple[Reference, bool]:
+        """The task's reference, and whether its time is charged to this call (one candidate's: not a call `ahead` of
+        the candidates, `prefetch`). Raises Deferred while the task's outputs do not fit beside other tasks'."""
+        with self._locks[task.id]:
+            if task.id not in self._refs:
+                self._refs[task.id] = self._compute(task)
+            charge = not ahead and task.id not in self._charged
+            if charge:
+                self._charged.add(task.id)
+            return self._refs[task.id], charge
+
+    def _compute(self, task: Task) -> Reference:
+        """Run the task's reference (its lock held); raises Deferred while its outputs do not fit."""
+        need = self._need.get(task.id)
+        if need is not None and not self._ledger.reserve(task.id, need):
+            raise Deferred
+        ref = self._run(task, admit=self._admit(task) if need is None else None)
+        if ref.deferred_need:
+            self._need[task.id] = ref.deferred_need
+            self._deferred_at[task.id] = time.monotonic()
+            raise Deferred
+        if task.id in self._deferred_at:
+            ref.waited_for_memory_s = time.monotonic() - self._deferred_at.pop(task.id)
+        if ref.outputs is None:
+            self._ledger.release(task.id)
+        return ref
+
+    def prefetch(self, task: Task) -> None:
+        """Compute the task's reference while its candidates are still being built: the run workers and the GPU
+        are idle then, and the task's first candidate would otherwise wait for it after its build. A task whose
+        outputs do not fit yet is left for its candidates (`get`)."""
+        try:
+            self.get(task, ahead=True)
+        except Deferred:
+            pass
+
+    def _admit(self, task: Task) -> Callable[[int], None]:
+        """What the reference's first frame must pass: its task's peak need reserved (once, retries included)."""
+        reserved = False
+
+        def admit(frame_bytes: int) -> None:
+            nonlocal reserved
+            if reserved:
+                return
+            with self._guard:
+                in_flight = min(self._in_flight, self._users[task.id])
+            need = task_need_bytes(frame_bytes, self._trials, in_flight)
+            if not self._ledger.reserve(task.id, need):
+                raise OutputsDeferred(need, self._ledger.held(but=task.id), self._ledger.budget)
+            reserved = True
+
+        return admit
+
+    def release(self, task: Task) -> None:
+        with self._guard:
+            self._users[task.id] -= 1
+            if self._users[task.id] == 0:
+                self._refs.pop(task.id, None)  # reference outputs can be large: keep only live tasks'
+                self._ledger.release(task.id)
+
+    def wait_for_room(self, timeout_s: float = 1.0) -> None:
+        self._ledger.wait_for_release(timeout_s)

@@ -1,0 +1,188 @@
+"""Scoring: pure functions from what the workers reported (a build, a task's reference, a candidate's run report
+and the parent's comparison of its outputs) to an `EvalResult`. Nothing here runs code or starts a process, so
+every rule is testable with plain dicts: the outcome, the robust check's verdict, the speedup and its interval,
+the speed-of-light quarantine and the timing flags."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from dice_kernels.harness.compare import Comparison, explain_mismatch, outputs_match
+from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
+from dice_kernels.harness.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
+from dice_kernels.harness.timing_stats import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
+                                               stream_escape)
+
+if TYPE_CHECKING:
+    from dice_kernels.harness.build_cache import Build
+    from dice_kernels.harness.candidate import Candidate
+    from dice_kernels.harness.references import Reference
+    from dice_kernels.tasks import Task
+
+
+def result(task: Task, cand: Candidate, outcome: Outcome, **kw) -> EvalResult:
+    return EvalResult(task_id=task.id, candidate_id=cand.id, candidate_sha256=cand.sha256, outcome=outcome,
+                      correct=outcome is Outcome.CORRECT, solution_path=cand.path, level=task.level, **kw)
+
+
+def unrunnable(task: Task, cand: Candidate, b: Build, ref: Reference | None, base: dict) -> EvalResult | None:
+    """The result of a candidate that cannot run: its build failed, or its task's reference did; None otherwise."""
+    extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts}
+    if not b.ok:
+        return result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
+                      compile_s=b.compile_s, extra=extra, **base)
+    extra.update(_reference_notes(ref))
+    if ref is None or ref.outputs is None:
+        why = ref.error if ref else "not run"
+        if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value)):  # our limits, not a bad task
+            return result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
+                          error=f"the reference Model exceeded the harness limits ({why})",
+                          extra={**extra, "reference_over_limits": True}, **base)
+        return result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
+                      error=f"task error: the reference Model failed ({why})", extra={**extra, "task_error": True},
+                      **base)
+    return None
+
+
+def _baseline_note(ref: Reference) -> dict:
+    """Whether the reference's timing was reused from the baseline cache, from when, and how noisy it was (its 95 %
+    interval's half-width relative to its median)."""
+    ci, median = ref.timing.get("ci_ms"), ref.timing.get("median_ms")
+    noise = round((ci[1] - ci[0]) / 2 / median, 4) if ci and median else None
+    return {"cached": bool(ref.baseline_from), "measured_at": ref.baseline_from or None, "rel_ci": noise}
+
+
+def _reference_notes(ref: Reference | None) -> dict:
+    notes = {}
+    if ref is not None and ref.retried:
+        notes["reference_retried_after"] = ref.retried[:500]
+    if ref is not None and ref.waited_for_memory_s:
+        notes["reference_waited_for_memory_s"] = round(ref.waited_for_memory_s, 3)
+    return notes
+
+
+def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Reference, res: dict, outputs: list | None,
+           cmp: Comparison, failing: list | None, ceilings: dict[str, Ceilings], speed_of_light: bool,
+           base: dict) -> EvalResult:
+    """A candidate that ran: `res` is its worker's report, `outputs` the re-checked call's outputs (None when the
+    run failed), `cmp` the comparison of its trials and `failing` the first failing trial's outputs."""
+    extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts, **_reference_notes(ref),
+             "sandbox": res.get("sandbox", []), "task_degenerate": ref.degenerate,
+             "reference_baseline": _baseline_note(ref)}
+    if "extensions" in res:  # with the robust check on: did forward's module load and call a compiled extension?
+        extra["extension"] = {"loaded": res["extensions"]["loaded"] > 0, "called": res["extensions"]["calls"] > 0}
+    if ref.stateful:
+        extra["task_stateful"] = True  # so the timing loop's last call was not re-checked (robust_check)
+    compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
+    if outputs is None:
+        outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
+        return result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
+                      deceptive_kind=res.get("deceptive_kind", ""), correctness_trials=cfg.trials,
+                      extra={**extra, "phase": res.get("phase", "")}, **base)
+    timing_outputs = outputs[0] if outputs else None  # the trials went to the judge
+    outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
+    if cfg.robust:
+        findings, deceptive = robust_check(cfg, ref, cmp, failing, timing_outputs, res.get("findings", []))
+        extra["robust"] = {"findings": findings, "passed_comparison": cmp.outcome is Outcome.CORRECT}
+        if deceptive:
+            outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
+    timed = bool(outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms)
+    speedup = None
+    if timed:
+        speedup = _timed(extra, ref, res, ceilings.get(ref.sol.get("dtype", "")) if speed_of_light else None,
+                         cfg.sol_slack)
+    return result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
+                  ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
+                  correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,
+                  timing_trials=len(res.get("times_ms") or ()) if timed else 0, max_abs_diff=cmp.max_abs_diff,
+                  extra=extra, **base)
+
+
+def _timed(extra: dict, ref: Reference, res: dict, ceilings: Ceilings | None, sol_slack: float) -> float | None:
+    """The speedup of a correct, timed candidate (None when quarantined), its interval and flags into `extra`."""
+    ref_t, cand_t = TimingSamples.from_dict(ref.timing), TimingSamples.from_dict(timing_fields(res))
+    speedup, lo, hi = speedup_interval(ref_t, cand_t)
+    extra["speedup_ci95"] = [lo, hi]
+    extra["timing"] = {"ref": timing_summary(ref_t, reference_time_ms), "cand": timing_summary(cand_t)}
+    flags = []
+    if stream_escape(cand_t):  # charged its tail already; flagged so nobody trusts its events
+        flags.append("work_escaped_default_stream")
+    if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
+        flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
+    extra.update(compile_baseline_fields(ref.compile_baseline, cand_t))
+    bound = speed_of_light_fields(ref.sol, ceilings, cand_t, sol_slack) if ceilings is not None else {}
+    if bound.get("fewer_flops_than_reference"):  # a shortcut or a skipped computation: for a reader to judge
+        flags.append("fewer_flops_than_reference")
+    if bound.get("faster_than_light"):  # quarantined: right outputs, but a time the hardware cannot deliver
+        flags.append("faster_than_light")
+        bound["quarantined_speedup"], speedup = speedup, None
+        for key in ("speedup_ci95", "speedup_vs_compile", "speedup_vs_compile_ci95"):
+            extra.pop(key, None)
+    if bound:
+        extra["speed_of_light"] = bound
+    if flags:
+        extra["timing_flags"] = flags
+    return speedup
+
+
+def compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
+    """Speedup over torch.compile(Model) with its 95% interval, or why there is none (nothing without the option)."""
+    if baseline.get("error"):
+        return {"compile_baseline_error": baseline["error"]}
+    if not baseline.get("time_ms"):
+        return {}
+    speedup, lo, hi = speedup_interval(TimingSamples.from_dict(timing_fields(baseline)), cand)
+    return {"speedup_vs_compile": speedup, "speedup_vs_compile_ci95": [lo, hi],
+            "compile_ref_ms": baseline["time_ms"], "compile_ref_compile_s": baseline.get("compile_s")}
+
+
+def speed_of_light_fields(sol: dict, c: Ceilings, cand: TimingSamples, slack: float) -> dict:
+    """The task's speed-of-light bound (minimum bytes at the measured bandwidth) against the candidate's reported
+    time, and the reference's FLOPs at the measured peak, when the reference reported them and this machine's
+    ceilings for its dtype are known. Only the bound quarantines (speed_of_light.speed_of_light_ms)."""
+    time_ms = effective_time_ms(cand)
+    sol_ms = speed_of_light_ms(sol["bytes"], c.bandwidth_bytes_s)
+    flops_ms = reference_flops_ms(sol["flops"], c.peak_flops)
+    return {"sol_ms": sol_ms, "reference_flops_ms": flops_ms, "bytes": sol["bytes"], "flops": sol["flops"],
+            "dtype": sol["dtype"], "faster_than_light": faster_than_light(time_ms, sol_ms, slack),
+            "fewer_flops_than_reference": faster_than_light(time_ms, flops_ms, slack)}
+
+
+def timing_fields(res: dict) -> dict:
+    """A run report's timing samples (TimingSamples fields) and whether they were taken with the device alone."""
+    return {k: res[k] for k in (*TimingSamples.__dataclass_fields__, "device_exclusive") if k in res}
+
+
+def timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] = effective_time_ms) -> dict:
+    return {"median_ms": t.median_ms, "effective_ms": reported(t), "ci_ms": list(t.ci_ms),
+            "host_ms": t.host_ms_per_iter, "tail_ms": t.tail_ms, "samples": len(t.times_ms),
+            "input_sets": t.n_input_sets, "stop": t.stop_reason,
+            **({"sm_clock_mhz": list(t.sm_clock_mhz), "time_sm_clock_corr": t.time_sm_clock_corr}
+               if t.sm_clock_mhz else {})}
+
+
+def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list | None,
+                 timing_outputs: list | None, worker_findings: list[dict]) -> tuple[list[dict], bool]:
+    """All findings, parent-verified evidence first, and whether they make the candidate deceptive: a correct
+    candidate with any finding is; a failing one is only when its failure is the signature of a hack after it
+    passed earlier trials (cached outputs, stale memory)."""
+    findings = [f for f in worker_findings if f["kind"] not in ref.output_findings]
+    evidence = None
+    if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None and not ref.stateful:
+        got = timing_outputs or []
+        if not outputs_match([ref.timing_outputs], [got], cfg.atol, cfg.rtol):
+            evidence = (explain_mismatch(ref.outputs, ref.timing_outputs, got, cfg.atol, cfg.rtol,
+                                         "the last timing-loop call")
+                        or (DeceptiveKind.TIMING_OUTPUT_MISMATCH, "the last timing-loop call's outputs are wrong "
+                            "(work was skipped inside the timing loop)"))
+    elif cmp.outcome is Outcome.VALUE_MISMATCH and cmp.trials_passed > 0:
+        k = cmp.trials_passed  # `failing` holds trial k's outputs, the first that failed
+        evidence = explain_mismatch(ref.outputs[:k], ref.outputs[k], failing, cfg.atol, cfg.rtol, f"trial {k}")
+        if evidence is None:
+            return findings, False
+    elif cmp.outcome is not Outcome.CORRECT:
+        return findings, False
+    if evidence:
+        findings.insert(0, {"kind": evidence[0].value, "reason": evidence[1]})
+    return findings, bool(findings)
