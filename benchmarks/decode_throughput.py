@@ -25,7 +25,7 @@ from dice_kernels.sampling.strategies import sample_tokens
 
 TARGET_BATCH128_TPS = 3700
 TARGET_SPEEDUP_2TPF = 2.0
-EAGER_BATCH128_TPS = 4238  # docs/benchmarks.md, 2026-11-30, before CUDA graphs
+EAGER_BATCH128_TPS = 4238  # docs/benchmarks/decode-throughput-h200-2026-11-30.md, before CUDA graphs
 TARGET_GRAPHS_BATCH128_TPS = 2 * EAGER_BATCH128_TPS
 
 

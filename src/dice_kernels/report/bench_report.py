@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from dice_kernels.harness import EvalResult, Outcome
-from dice_kernels.harness.metrics import by_level
+from dice_kernels.harness.metrics import by_level, compute
 
 PAPER_FAST = ("fast_1", "fast_2")
 FAILURES = tuple(o.value for o in Outcome if o is not Outcome.CORRECT)
@@ -34,11 +34,11 @@ def _level(r: EvalResult) -> str:
 
 
 def _success(name: str) -> Callable[[EvalResult], bool]:
-    """exec: correct and not deceptive; fast_p: that, and more than p times faster than eager."""
+    """exec: correct and not deceptive; fast_p: that, and faster than eager by more than p by the harness's rule
+    (the speedup's 95 % interval above p), so pass@1 equals the table's figure."""
     if name == "exec":
         return lambda r: r.outcome is Outcome.CORRECT
-    p = float(name.removeprefix("fast_"))
-    return lambda r: r.outcome is Outcome.CORRECT and r.speedup is not None and r.speedup > p
+    return lambda r: compute([r]).fast[name] == 1.0
 
 
 def pass_at(results: list[EvalResult], k: int, success: Callable[[EvalResult], bool]) -> float:
@@ -108,16 +108,17 @@ def markdown(s: dict) -> str:
               "## Exec / fast_1 / fast_2 per level (%, the paper's layout)", "",
               "| baseline | " + " | ".join(f"{lv} Exec | {lv} fast_1 | {lv} fast_2" for lv in levels) + " |",
               "|---|" + "---|---|---|" * len(levels)]
-    rows = [("PyTorch eager", "fast")]
+    rows = [("PyTorch eager", "fast"), ("PyTorch eager, point estimate", "fast_point")]
     if any(m[lv].get("fast_vs_compile") for lv in levels):
         rows.append(("torch.compile", "fast_vs_compile"))
     for name, key in rows:
         cells = [f"{_pct(m[lv]['exec_rate'])} | {_pct(m[lv][key].get('fast_1'))} | {_pct(m[lv][key].get('fast_2'))}"
                  for lv in levels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Exec: correct and not deceptive; fast_p: that, and faster than the baseline by more than p "
-              "(speedups are medians of bootstrap ratios, docs/timing.md). With several samples per task these are "
-              "means over samples (pass@1).", "", "## The robust check", "",
+    lines += ["", "Exec: correct and not deceptive; fast_p: that, and faster than the baseline by more than p with "
+              "the speedup's 95 % interval above p (docs/timing.md); the point-estimate row counts a speedup above "
+              "p whatever its interval, as papers report it. With several samples per task these are means over "
+              "samples (pass@1).", "", "## The robust check", "",
               "| level | n | Exec before | Exec after | deceptive |", "|---|---|---|---|---|"]
     for lv in levels:
         lines.append(f"| {lv} | {m[lv]['n']} | {_pct(m[lv]['exec_before_robust'])} | {_pct(m[lv]['exec_rate'])} | "
