@@ -19,7 +19,7 @@ from model_fixtures import tiny_model
 from dice_kernels.data.infill import split_program
 from dice_kernels.train.curriculum import Curriculum, RLTask
 from dice_kernels.train.reward import RewardConfig, RewardService
-from dice_kernels.train.rl import RLStep, RolloutConfig, UpdateConfig
+from dice_kernels.train.rl import PolicySnapshot, RLStep, RolloutConfig, UpdateConfig
 from dice_kernels.train.rollout import infill_core, response_candidate, rollout_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -58,13 +58,27 @@ def _task():
     return RLTask(id="L1/19", level=1, reference=reference, prefix=CUT.prefix, suffix=CUT.suffix)
 
 
-def _step(tokenizer, model, rewards, lr, group, max_new, seed=0):
+@pytest.fixture(scope="module")
+def dist():
+    from dice_kernels.train.distributed import init_distributed, shutdown
+
+    yield init_distributed("cpu")
+    shutdown()
+
+
+def _step(tokenizer, model, rewards, dist, lr, group, max_new, seed=0):
+    """The trainer's step on the toy model, sharded with FSDP2 as `dice train rl` does (a group of one here)."""
+    from dice_kernels.train.config import OptimConfig, ParallelConfig
+    from dice_kernels.train.distributed import parallelize
+    from dice_kernels.train.optim import build_optimizer
+
     rollout = RolloutConfig(tasks_per_step=1, group=group, max_new_tokens=max_new, temperature=1.0,
                             strategy="dynamic", threshold=0.9, batch_rows=group, seed=seed)
-    update = UpdateConfig(lr=lr, micro_rows=8)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    return RLStep(model, optimizer, tokenizer, rewards, rollout, update, "cpu", stops, tokenizer.pad_token_id)
+    policy = PolicySnapshot(model, torch.float32, dist.device)
+    parallelize(model, model.model.layers, ParallelConfig(), dist.device, forward_methods=("hidden_states",))
+    optimizer = build_optimizer(model, OptimConfig(lr=lr, warmup_fraction=0.0))
+    return RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=8), 1.0, "dense", "cpu",
+                  dist, policy)
 
 
 def test_infill_core_extraction():
@@ -79,21 +93,22 @@ def test_infill_core_extraction():
     assert "C++" in rollout_prompt(_task(), "infill", "cpu") and CUT.suffix.strip() in rollout_prompt(_task(), "infill", "cpu")
 
 
-def test_one_step_end_to_end_with_real_compiled_rewards(tmp_path, build_cache):
+def test_one_step_end_to_end_with_real_compiled_rewards(tmp_path, build_cache, dist):
     tokenizer = _toy_tokenizer()
     model = _toy_model(tokenizer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = RewardConfig(backend="cpu", trials=2, cache_dir=str(build_cache))
     with RewardService(cfg, tmp_path) as rewards:
-        step = _step(tokenizer, model, rewards, lr=1e-3, group=12, max_new=1)
-        stats = step(0, "infill", Curriculum([_task()], per_step=1))
+        step = _step(tokenizer, model, rewards, dist, lr=1e-3, group=12, max_new=1)
+        stats = step(0, "infill", [_task()])
     assert stats.rollouts == 12 and stats.tokens_generated == 12
     assert stats.outcomes.get("correct", 0) >= 1 and sum(stats.outcomes.values()) == 12
     assert set(stats.outcomes) - {"correct", "python_error", "compile_error", "generation_failure"} == set()
     assert stats.exec == stats.outcomes["correct"] / 12 == stats.reward_mean
     assert stats.trained_rollouts == 12 and stats.dropped_groups == 0
     assert stats.kl == pytest.approx(0, abs=1e-6) and stats.clip_fraction == 0  # one update: ratio 1 exactly
-    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    after = {k: v.full_tensor() for k, v in model.state_dict().items()}  # FSDP2: DTensor shards of one rank
+    changed = [k for k, v in after.items() if not torch.equal(v, before[k])]
     assert "lm_head.weight" in changed and any("layers.0" in k for k in changed)
     rows = sqlite3.connect(tmp_path / "rewards.sqlite").execute(
         "SELECT step, outcome, reward FROM rewards ORDER BY rollout").fetchall()
@@ -101,16 +116,16 @@ def test_one_step_end_to_end_with_real_compiled_rewards(tmp_path, build_cache):
     assert (tmp_path / "harness" / "results.sqlite").exists()
 
 
-def test_mean_reward_rises_on_the_toy_world(tmp_path, build_cache):
+def test_mean_reward_rises_on_the_toy_world(tmp_path, build_cache, dist):
     tokenizer = _toy_tokenizer()
     model = _toy_model(tokenizer, seed=1)
     cfg = RewardConfig(backend="cpu", trials=1, cache_dir=str(build_cache))
     means = []
     with RewardService(cfg, tmp_path) as rewards:
-        step = _step(tokenizer, model, rewards, lr=3e-2, group=16, max_new=1, seed=3)
+        step = _step(tokenizer, model, rewards, dist, lr=3e-2, group=16, max_new=1, seed=3)
         curriculum = Curriculum([_task()], per_step=1)
         for k in range(STEPS):
-            stats = step(k, "infill", curriculum)
+            stats = step(k, "infill", curriculum.next_batch())
             means.append(stats.reward_mean)
             print(k, stats.reward_mean, stats.seconds)
     # margin: the last two steps average at least 0.3 above the first two (fixed seeds)

@@ -1,23 +1,74 @@
-"""BiC-RL (DESIGN.md §5): per step, the curriculum's tasks -> `group` rollouts each (block-diffusion sampler,
-trajectories kept) -> rewards from the long-lived harness service -> group z-scored advantages -> TraceRL update.
-Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds every knob; `RLStep` does one step."""
+"""`dice train rl`: BiC-RL (DESIGN.md §5). Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
+sampler, trajectories kept) -> rewards from the long-lived harness service -> group z-scored advantages -> TraceRL
+update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds every knob, `RLStep` does one step,
+`run_rl` is the loop every rank runs (build, resume, step, log, save, export: the SFT trainer's infrastructure)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
 
 import torch
+import torch.distributed as torch_dist
+from rich.console import Console
 
 from dice_kernels.model.transformer import BlockDiffusionLM
 from dice_kernels.sampling.decoder import SamplingConfig
+from dice_kernels.train import config as config_io
 from dice_kernels.train.advantages import group_advantages
-from dice_kernels.train.curriculum import Curriculum
+from dice_kernels.train.checkpointing import (build_model, export_hf, latest_checkpoint, load_state,
+                                              load_tokenizer_for, pad_token_id, save_state)
+from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
+                                       OptimConfig, ParallelConfig)
+from dice_kernels.train.curriculum import ORDERS, Curriculum, RLTask, load_task_set
+from dice_kernels.train.distributed import Dist, attention_backend, init_distributed, param_dtype, shutdown
+from dice_kernels.train.metrics import Metrics
+from dice_kernels.train.optim import build_optimizer, clip_grad_norm
 from dice_kernels.train.reward import RewardConfig, RewardService
-from dice_kernels.train.rollout import Rollout, generate_rollouts
+from dice_kernels.train.rollout import generate_rollouts
 from dice_kernels.train.tracerl import ReplayBatch, Trajectory, policy_loss, replay_batch, row_of_scored, token_logprobs
 
-PHASES = ("infill", "e2e", "schedule")
+
+class RLError(ValueError):
+    """A run that cannot start or go on as configured; the message names the setting or directory."""
+
+
+@dataclass
+class RLTasksConfig:
+    infill: str = ""  # infilling task set: `dice data`'s rl_infill table, or a task directory (with solutions)
+    e2e: str = ""  # end-to-end task set: rl_e2e table, or a KernelBench task directory / JSONL
+    solutions: str = ""  # infilling from a task directory: programs to cut prefix / suffix from
+    order: str = "sequential"  # sequential (by level, wrapping, as DICE) | mixed (reshuffled each pass)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ConfigError(f"tasks.order must be one of {ORDERS}, got {self.order!r}")
+
+
+@dataclass
+class RLLoopConfig:
+    phase: Literal["infill", "e2e", "schedule"] = "schedule"  # schedule: infill_steps, then e2e_steps
+    infill_steps: int = 20
+    e2e_steps: int = 100
+
+    def __post_init__(self) -> None:
+        if self.infill_steps < 0 or self.e2e_steps < 0:
+            raise ConfigError("rl.infill_steps and rl.e2e_steps must be >= 0")
+
+    @property
+    def total_steps(self) -> int:
+        return {"infill": self.infill_steps, "e2e": self.e2e_steps}.get(self.phase, self.infill_steps + self.e2e_steps)
+
+    def phase_of(self, step: int) -> str:
+        """The phase of 0-based step `step`."""
+        if self.phase != "schedule":
+            return self.phase
+        return "infill" if step < self.infill_steps else "e2e"
 
 
 @dataclass
@@ -32,8 +83,14 @@ class RolloutConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    batch_rows: int = 64  # responses decoded together
+    batch_rows: int = 64  # responses decoded together (per rank)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.tasks_per_step, self.group, self.max_new_tokens, self.batch_rows, self.steps) < 1:
+            raise ConfigError("rollout.tasks_per_step, group, max_new_tokens, batch_rows and steps must be >= 1")
+        if self.temperature <= 0:
+            raise ConfigError("rollout.temperature must be > 0: RL samples (greedy rollouts of a group are identical)")
 
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(max_new_tokens=self.max_new_tokens, block_size=self.block_size, steps=self.steps,
@@ -43,22 +100,59 @@ class RolloutConfig:
 
 @dataclass
 class UpdateConfig:
-    lr: float = 1e-6  # AdamW, constant
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
     clip: float = 0.2  # PPO ratio clip
     kl_beta: float = 0.01  # k3 KL to the rollout (old) policy
-    micro_rows: int = 8  # trajectories per scoring forward (gradient accumulation inside an update)
+    micro_rows: int = 8  # trajectories per scoring forward (gradient accumulation inside an optimizer step)
     updates_per_step: int = 1  # optimizer steps per RL step: the step's trajectories split into this many parts
-    attention: str = "auto"  # flex (CUDA) | dense (CPU) | auto
+
+    def __post_init__(self) -> None:
+        if self.micro_rows < 1 or self.updates_per_step < 1 or not 0 < self.clip < 1 or self.kl_beta < 0:
+            raise ConfigError("update.micro_rows and updates_per_step must be >= 1, update.clip in (0, 1), "
+                              "update.kl_beta >= 0")
+
+
+@dataclass
+class RLConfig:
+    out_dir: str = "runs/rl"
+    model: ModelSection = field(default_factory=ModelSection)
+    tasks: RLTasksConfig = field(default_factory=RLTasksConfig)
+    rl: RLLoopConfig = field(default_factory=RLLoopConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_fraction=0.0))
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(every_steps=10))
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+# --------------------------------------------------------------------------- one step
+
+
+class PolicySnapshot:
+    """The rollout policy: a plain (unsharded) copy of the current weights in the compute dtype. Rollouts run on it
+    rather than on the FSDP model: ranks decode different numbers of forwards (no collective may run inside), and
+    the sampler's KV cache and CUDA graphs want plain tensors. Refreshed from the trained model every step."""
+
+    def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
+        self.plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch."))).to(device, dtype)
+        self.plain.eval().requires_grad_(False)
+
+    def refresh(self, model: BlockDiffusionLM) -> BlockDiffusionLM:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        with torch.no_grad():
+            for name, p in self.plain.state_dict().items():
+                p.copy_(full[name])
+        return self.plain
 
 
 @dataclass
 class RLStats:
     """What one step reports (one JSONL row)."""
 
-    step: int
     phase: str
     tasks: int
     rollouts: int
@@ -76,96 +170,259 @@ class RLStats:
     grad_norm: float
     seconds: dict[str, float] = field(default_factory=dict)  # rollout / reward / update
 
+    def line(self, step: int, total: int) -> str:
+        s = self.seconds
+        failures = " ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()) if k != "correct")
+        return (f"step {step}/{total} [{self.phase}] reward {self.reward_mean:.3f} exec {self.exec:.3f} "
+                f"kl {self.kl:.2e} clip {self.clip_fraction:.3f} | {self.tokens_generated:,} tokens, "
+                f"{self.trained_rollouts}/{self.rollouts} trained ({self.dropped_groups}/{self.groups} groups flat) | "
+                f"rollout {s['rollout']:.1f}s reward {s['reward']:.1f}s update {s['update']:.1f}s | {failures}")
+
 
 class RLStep:
-    """One RL step over a model, its optimizer, a tokenizer and a reward service (all owned by the caller)."""
+    """One RL step, collective over the ranks: each rank rolls out its share of the step's tasks, rank 0 scores all
+    candidates with the reward service, each rank updates on its groups (FSDP averages the gradients)."""
 
-    def __init__(self, model: BlockDiffusionLM, optimizer: torch.optim.Optimizer, tokenizer, rewards: RewardService,
-                 rollout: RolloutConfig, update: UpdateConfig, backend: str, stop_ids: list[int], pad_id: int):
+    def __init__(self, model: BlockDiffusionLM, optimizer: torch.optim.Optimizer, tokenizer,
+                 rewards: RewardService | None, rollout: RolloutConfig, update: UpdateConfig, grad_clip: float,
+                 attention: str, backend: str, dist: Dist, policy: PolicySnapshot | None = None):
+        from dice_kernels.model.tokenizer import stop_token_ids
+
         self.model, self.optimizer, self.tokenizer, self.rewards = model, optimizer, tokenizer, rewards
-        self.rollout, self.update, self.backend = rollout, update, backend
-        self.stop_ids, self.pad_id = stop_ids, pad_id
-        device = next(model.parameters()).device
-        self.attention = update.attention if update.attention != "auto" else (
-            "flex" if device.type == "cuda" else "dense")
+        self.rollout, self.update, self.grad_clip = rollout, update, grad_clip
+        self.attention, self.backend, self.dist, self.policy = attention, backend, dist, policy
+        self.stop_ids, self.pad_id = list(stop_token_ids(tokenizer)), pad_token_id(tokenizer)
+        if rollout.tasks_per_step % dist.world_size:
+            raise RLError(f"rollout.tasks_per_step ({rollout.tasks_per_step}) must be a multiple of the "
+                          f"{dist.world_size} ranks")
 
-    def __call__(self, step: int, phase: str, curriculum: Curriculum) -> RLStats:
+    def __call__(self, step: int, phase: str, tasks: list[RLTask]) -> RLStats:
         seconds: dict[str, float] = {}
         t0 = time.monotonic()
-        tasks = curriculum.next_batch()
-        rollouts = generate_rollouts(self.model, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
+        share = len(tasks) // self.dist.world_size
+        mine = tasks[self.dist.rank * share: (self.dist.rank + 1) * share]
+        policy = self.policy.refresh(self.model) if self.policy is not None else self.model
+        rollouts = generate_rollouts(policy, self.tokenizer, mine, self.rollout.group, phase, self.backend,
                                      self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
         seconds["rollout"] = time.monotonic() - t0
-        scored = self.rewards.score(step, [(r.task.harness_task(), r.candidate) for r in rollouts])
-        seconds["reward"] = scored.seconds
+        pairs = [(r.task.harness_task(), r.candidate) for r in rollouts]
+        scored = _score_on_main(self.rewards, step, pairs, self.dist)
+        first = self.dist.rank * share * self.rollout.group
+        rewards = scored["rewards"][first: first + len(rollouts)]
+        seconds["reward"] = scored["seconds"]
         # a task may come twice in one step (the curriculum wraps): groups are per position in the batch
-        adv = group_advantages(scored.rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
+        adv = group_advantages(rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
         t1 = time.monotonic()
-        kept = [(r, a) for r, a, k in zip(rollouts, adv.values, adv.kept) if k]
-        upd = self._update([r.trajectory for r, _ in kept], [a for _, a in kept]) if kept else _NO_UPDATE
+        kept = [(r.trajectory, a) for r, a, k in zip(rollouts, adv.values, adv.kept) if k]
+        upd = self._update(kept, [r.trajectory for r in rollouts])
         seconds["update"] = time.monotonic() - t1
-        return RLStats(step=step, phase=phase, tasks=len(tasks), rollouts=len(rollouts),
-                       reward_mean=sum(scored.rewards) / len(rollouts), exec=scored.exec_rate,
-                       outcomes=scored.outcomes, deceptive=scored.deceptive, groups=adv.groups,
-                       dropped_groups=adv.dropped_groups, trained_rollouts=len(kept),
-                       tokens_generated=sum(len(r.trajectory.tokens) for r in rollouts), seconds=seconds, **upd)
+        groups, dropped, trained, tokens = (int(x) for x in _sum(
+            [adv.groups, adv.dropped_groups, len(kept), sum(len(r.trajectory.tokens) for r in rollouts)], self.dist))
+        return RLStats(phase=phase, tasks=len(tasks), rollouts=len(scored["rewards"]),
+                       reward_mean=sum(scored["rewards"]) / len(scored["rewards"]), exec=scored["exec"],
+                       outcomes=scored["outcomes"], deceptive=scored["deceptive"], groups=groups,
+                       dropped_groups=dropped, trained_rollouts=trained, tokens_generated=tokens,
+                       seconds=seconds, **upd)
 
-    def _micro_batches(self, trajs: list[Trajectory], rows: list[int]) -> list[tuple[list[int], ReplayBatch]]:
+    def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
         share a forward (less padding); flex rows are padded to multiples of 128 (few shapes to compile)."""
-        rows = sorted(rows, key=lambda i: -len(trajs[i].prompt) - len(trajs[i].tokens))
+        rows = sorted(range(len(trajs)), key=lambda i: -len(trajs[i].prompt) - len(trajs[i].tokens))
         n, mask_id = self.update.micro_rows, self.model.config.mask_token_id
         multiple = 128 if self.attention == "flex" else 1
         return [(part, replay_batch([trajs[i] for i in part], self.rollout.block_size, mask_id, self.pad_id, multiple))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
-    def _update(self, trajectories: list[Trajectory], advantages: list[float]) -> dict:
-        block, upd = self.rollout.block_size, self.update
+    def _update(self, kept: list[tuple[Trajectory, float]], any_trajs: list[Trajectory]) -> dict:
+        """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_per_step`
+        optimizer steps. Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer
+        micro-batches runs its first one again with weight 0."""
+        upd, block, device = self.update, self.rollout.block_size, self.dist.device
+        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        total_rows = int(_sum([len(kept)], self.dist)[0])
+        if total_rows == 0:  # every group flat on every rank: nothing to learn from this step
+            return stats
+        trajs = [t for t, _ in kept] or any_trajs[:1]
+        adv = torch.tensor([a for _, a in kept] or [0.0], dtype=torch.float32, device=device)
         # DESIGN §5: each row's sum over its tokens divided by the padded response length (the step's longest
         # response, rounded up to whole blocks), so every row is weighed on one scale
-        norm_len = max(-(-len(t.tokens) // block) * block for t in trajectories)
-        device = next(self.model.parameters()).device
-        adv = torch.tensor(advantages, dtype=torch.float32, device=device)
-        # old-policy log-probs: the rollout policy's, before any update of this step
+        norm_len = _max([max(-(-len(t.tokens) // block) * block for t in trajs)], self.dist)[0]
+        parts = [list(range(k, len(trajs), upd.updates_per_step)) for k in range(upd.updates_per_step)]
+        plans = [self._micro_batches([trajs[i] for i in part]) for part in parts]
+        counts = _max([len(p) for p in plans], self.dist)
         old: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for rows, batch in self._micro_batches(trajectories, list(range(len(trajectories)))):
-                logp = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
-                old.update(zip(rows, torch.split(logp, batch.scored.sum(1).tolist())))
-        order = list(range(len(trajectories)))
-        parts = [order[k:: upd.updates_per_step] for k in range(upd.updates_per_step)]
-        losses, kls, clipped, tokens, norms = [], [], 0, 0, []
+            for part, plan, count in zip(parts, plans, counts):
+                for j in range(int(count)):
+                    rows, batch = plan[min(j, len(plan) - 1)] if plan else ([], None)
+                    logp = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
+                    if j < len(plan):
+                        old.update(zip((part[r] for r in rows), torch.split(logp, batch.scored.sum(1).tolist())))
+        weight = float(self.dist.world_size) if kept else 0.0  # FSDP means the ranks' gradients
+        losses, kl_sum, clipped, tokens, norms = [], 0.0, 0, 0, []
         self.model.train()
-        for part in (p for p in parts if p):
-            self.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for rows, batch in self._micro_batches(trajectories, part):
+        for k, (part, plan, count) in enumerate(zip(parts, plans, counts)):
+            part_rows = int(_sum([len(part) if kept else 0], self.dist)[0])
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            for j in range(int(count)):
+                real = j < len(plan)
+                rows, batch = plan[min(j, len(plan) - 1)]
+                self.model.set_requires_gradient_sync(j == count - 1)
                 new = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
-                local = torch.tensor(rows, device=device)
-                terms = policy_loss(new, torch.cat([old[i] for i in rows]), adv[local], row_of_scored(batch).to(device),
-                                    norm_len, len(part), upd.clip, upd.kl_beta)
-                terms.loss.backward()
-                total += terms.loss.item()
-                kls.append(terms.kl.sum().item())
-                clipped += int(terms.clipped.sum())
-                tokens += terms.kl.numel()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), upd.grad_clip)))
+                index = [part[r] for r in rows]
+                terms = policy_loss(new, torch.cat([old[i] for i in index]), adv[index] if kept else adv[[0]],
+                                    row_of_scored(batch).to(device), norm_len, max(part_rows, 1), upd.clip,
+                                    upd.kl_beta)
+                (terms.loss * (weight if real else 0.0)).backward()
+                if real:
+                    total += terms.loss.detach()
+                    kl_sum += terms.kl.sum().item()
+                    clipped += int(terms.clipped.sum())
+                    tokens += terms.kl.numel()
+            norms.append(clip_grad_norm(self.model, self.grad_clip))
             self.optimizer.step()
-            losses.append(total)
-        return {"loss": sum(losses) / len(losses), "kl": sum(kls) / max(1, tokens),
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.append(_sum([float(total)], self.dist)[0])
+        kl_sum, clipped, tokens = _sum([kl_sum, clipped, tokens], self.dist)
+        return {"loss": sum(losses) / len(losses), "kl": kl_sum / max(1, tokens),
                 "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms)}
 
 
-_NO_UPDATE = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+def _sum(values: list[float], dist: Dist) -> list[float]:
+    if dist.world_size == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t)
+    return t.tolist()
 
 
-def phase_of(phase: str, step: int, infill_steps: int) -> str:
-    """The phase of step `step` (0-based): the schedule runs `infill_steps` infilling steps, then end-to-end."""
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    if phase != "schedule":
-        return phase
-    return "infill" if step < infill_steps else "e2e"
+def _max(values: list[float], dist: Dist) -> list[float]:
+    if dist.world_size == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return t.tolist()
 
 
-__all__ = ["RLStats", "RLStep", "RolloutConfig", "RewardConfig", "Rollout", "UpdateConfig", "phase_of"]
+def _broadcast(obj):
+    if not torch_dist.is_initialized() or torch_dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _score_on_main(rewards: RewardService | None, step: int, pairs: list, dist: Dist) -> dict:
+    """Every rank's (task, candidate) pairs scored by rank 0's reward service (one evaluator for the machine's
+    CPUs and GPUs); the step's rewards (rank order) and outcome counts come back to every rank."""
+    everything = [pairs]
+    if dist.world_size > 1:
+        gathered = [None] * dist.world_size if dist.is_main else None
+        torch_dist.gather_object(pairs, gathered, dst=0)
+        everything = gathered if dist.is_main else []
+    summary = None
+    if dist.is_main:
+        scored = rewards.score(step, [p for part in everything for p in part])
+        summary = {"rewards": scored.rewards, "seconds": scored.seconds, "exec": scored.exec_rate,
+                   "outcomes": scored.outcomes, "deceptive": scored.deceptive}
+    return _broadcast(summary)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_rl(cfg: RLConfig, resume: bool = False, console: Console | None = None) -> Path:
+    """Train as configured (collective: every rank runs it) and return the final export's directory."""
+    dist = init_distributed()
+    try:
+        return _run(cfg, resume, dist, console or Console(stderr=True))
+    finally:
+        shutdown()
+
+
+def _task_sets(cfg: RLConfig) -> dict[str, list[RLTask]]:
+    phases = {"infill": ["infill"], "e2e": ["e2e"], "schedule": ["infill", "e2e"]}[cfg.rl.phase]
+    sets = {}
+    for phase in phases:
+        path = getattr(cfg.tasks, phase)
+        if not path:
+            raise RLError(f"phase {phase}: set tasks.{phase} (a dice data rl_{phase} table or a task directory)")
+        try:
+            sets[phase] = load_task_set(path, phase, cfg.tasks.solutions or None)
+        except (OSError, ValueError) as e:
+            raise RLError(f"tasks.{phase}: {e}") from None
+    return sets
+
+
+def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
+    out = Path(cfg.out_dir)
+    say = console.print if dist.is_main else (lambda *a, **k: None)
+    previous = latest_checkpoint(out)
+    if previous is not None and not resume:
+        raise RLError(f"{out} already holds resumable states (newest {previous.name}): pass --resume to continue "
+                      "that run, or set out_dir to a new directory")
+    total = cfg.rl.total_steps
+    if total < 1:
+        raise RLError(f"rl.phase {cfg.rl.phase} has no steps: set rl.infill_steps / rl.e2e_steps")
+    if dist.is_main:
+        config_io.save(cfg, out)
+        say(f"[bold]config[/] ({out / 'config.toml'}):")
+        say(config_io.to_toml(cfg), markup=False, highlight=False)
+    sets = _task_sets(cfg)
+    curricula = {phase: Curriculum(tasks, cfg.rollout.tasks_per_step, cfg.tasks.order, cfg.tasks.seed)
+                 for phase, tasks in sets.items()}
+    say("tasks: " + ", ".join(f"{p} {len(t)}" for p, t in sets.items()) + f"; {total} steps of "
+        f"{cfg.rollout.tasks_per_step} tasks x {cfg.rollout.group} rollouts on {dist.world_size} rank(s)")
+
+    tokenizer = load_tokenizer_for(cfg.model)
+    model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
+    optimizer = build_optimizer(model, cfg.optim)
+    start = 0
+    if resume and previous is not None:
+        state = load_state(previous, model, optimizer, dist)
+        for phase, cur in curricula.items():
+            cur.load_state_dict(state["curricula"][phase])
+        start = state["step"]
+        say(f"resumed from {previous} (step {start})")
+    elif resume:
+        say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
+
+    policy = PolicySnapshot(model, param_dtype(cfg.parallel, dist.device), dist.device)
+    rewards = RewardService(cfg.reward, out) if dist.is_main else None
+    ck = cfg.checkpoint
+    trainer_state = lambda: {"curricula": {p: c.state_dict() for p, c in curricula.items()}}  # noqa: E731
+    try:
+        backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
+        step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
+                         attention_backend(cfg.parallel, dist.device), backend, dist, policy)
+        with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
+                     console=console) as metrics:
+            for step in range(start, total):
+                phase = cfg.rl.phase_of(step)
+                began = time.perf_counter()
+                stats = step_fn(step, phase, curricula[phase].next_batch())
+                done = step + 1
+                values = {k: v for k, v in vars(stats).items() if k != "seconds"}
+                values.update({f"{k}_s": round(v, 3) for k, v in stats.seconds.items()},
+                              step_s=time.perf_counter() - began,
+                              tokens_per_s=stats.tokens_generated / max(stats.seconds["rollout"], 1e-9))
+                metrics.log(done, values)
+                metrics.note(stats.line(done, total))
+                if ck.every_steps and done % ck.every_steps == 0 and done < total:
+                    save_state(out, done, model, optimizer, trainer_state(), dist, ck.keep)
+                if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
+                    export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype,
+                              dist)
+                if cfg.debug.sigkill_after_step == done:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            final = out / "final"
+            if ck.at_end:
+                if start < total or previous is None:
+                    save_state(out, total, model, optimizer, trainer_state(), dist, ck.keep)
+                export_hf(model, final, cfg.model.tokenizer_dir, ck.export_dtype, dist)
+            metrics.note(f"trained {total - start} step(s); rewards per rollout: {out / 'rewards.sqlite'}"
+                         + (f"; Hugging Face export: {final}" if ck.at_end else ""))
+    finally:
+        if rewards is not None:
+            rewards.close()
+    return final
