@@ -15,6 +15,7 @@ from rich.console import Console
 from dice_kernels import __version__
 from dice_kernels.data.cli import app as data_app
 from dice_kernels.bench.cli import app as bench_app
+from dice_kernels.demo.cli import demo
 from dice_kernels.sampling.cli import generate
 from dice_kernels.train.cli import app as train_app
 
@@ -25,6 +26,7 @@ app.add_typer(data_app, name="data")  # stage commands live with their stage (he
 app.command("generate")(generate)
 app.add_typer(train_app, name="train")
 app.add_typer(bench_app, name="bench")
+app.command("demo")(demo)
 
 EXAMPLES = Path(__file__).parent / "examples"
 

@@ -1,0 +1,102 @@
+"""`DemoConfig`: every knob of one `dice demo` run in one typed place, with a preset per scale (cpu: a laptop's
+two cores in minutes; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCALES = ("cpu", "gpu")
+
+
+@dataclass
+class WorldSection:
+    seed: int = 0
+    n_train: int = 1500  # training tasks (SFT pairs and RL task sets)
+    n_heldout: int = 24  # benchmark tasks: families never seen in training
+    heldout_fraction: float = 0.2  # share of multi-step families held out
+
+
+@dataclass
+class ModelShape:
+    """A Qwen3-shaped block-diffusion decoder small enough to learn the world from scratch."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    vocab_size: int = 4096  # the BPE's budget; the model's vocabulary is what the BPE learned, rounded up to 64
+
+
+@dataclass
+class SFTSection:
+    steps: int = 400
+    batch_rows: int = 16  # packed rows per step
+    export_every: int = 0  # also export a checkpoint every this many steps (0: only the final one)
+    lr: float = 2e-3  # from scratch: far above DICE's 1e-5 for a pretrained model
+    # packed row length; 0: the longest sample, one sample a row (dense attention costs the square of the row)
+    row_tokens: int = 0
+
+
+@dataclass
+class RLSection:
+    infill_steps: int = 4  # BiC-RL phase 1
+    e2e_steps: int = 4  # phase 2 (and the whole of the SFT + e2e RL arm)
+    tasks_per_step: int = 4
+    group: int = 4  # rollouts per task
+    lr: float = 2e-5
+    temperature: float = 1.0
+
+
+@dataclass
+class BenchSection:
+    samples: int = 1  # greedy generations per held-out task
+    max_new_tokens: int = 96
+
+
+@dataclass
+class DemoConfig:
+    out: Path = Path("runs/demo")
+    scale: str = "cpu"
+    progress: bool = True  # progress bars (else log lines)
+    backend: str = "cpu"  # harness backend: cpu runs the C++ solutions, cuda the CUDA ones
+    world: WorldSection = field(default_factory=WorldSection)
+    model: ModelShape = field(default_factory=ModelShape)
+    sft: SFTSection = field(default_factory=SFTSection)
+    rl: RLSection = field(default_factory=RLSection)
+    bench: BenchSection = field(default_factory=BenchSection)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.scale not in SCALES:
+            raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
+
+
+def preset(scale: str, out: Path) -> DemoConfig:
+    """The settings of one scale; the gpu preset trains a larger model longer and evaluates CUDA kernels."""
+    cfg = DemoConfig(out=out, scale=scale)
+    if scale == "gpu":
+        cfg = dataclasses.replace(
+            cfg, backend="cuda",
+            world=WorldSection(n_train=4000, n_heldout=64),
+            model=ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+                             num_key_value_heads=4),
+            sft=SFTSection(steps=2000, batch_rows=32, lr=1e-3, row_tokens=0),
+            rl=RLSection(infill_steps=10, e2e_steps=20, tasks_per_step=16, group=8, lr=1e-5),
+        )
+    return cfg
+
+
+def load_config(scale: str, out: Path, overrides: list[str], progress: bool = True) -> DemoConfig:
+    """The scale's preset with `--set key=value` overrides (an unknown key is an error that names it)."""
+    from dice_kernels.train.config import apply_override, from_dict, to_dict
+
+    if scale not in SCALES:
+        raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
+    data = to_dict(preset(scale, out)) | {"progress": progress}
+    for override in overrides:
+        apply_override(data, DemoConfig, override)
+    return from_dict(DemoConfig, data)
