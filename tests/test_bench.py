@@ -102,7 +102,7 @@ def test_generations_folder_gives_exactly_the_expected_outcomes(tmp_path, build_
 def test_a_killed_run_resumes_without_generating_or_evaluating_again(checkpoint, tmp_path, build_cache):
     run = tmp_path / "run"
     args = ["-c", str(checkpoint), "--out", str(run), "--samples", "3", "--batch-size", "1", "--max-new-tokens",
-            "64", "--temperature", "1", "--seed", "0", "--cache-dir", str(build_cache), *FAST]
+            "32", "--temperature", "1", "--seed", "0", "--cache-dir", str(build_cache), *FAST]
     # first only one task, to completion: its generations and evaluations must carry over to the full run
     _bench(*args, "--task", "19_ReLU")
     first = _generation_files(run)
