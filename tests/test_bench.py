@@ -129,3 +129,30 @@ def test_a_killed_run_resumes_without_generating_or_evaluating_again(checkpoint,
     assert "0 to generate, 6 already written" in out and "0 to evaluate, 6 already recorded" in out
     assert _generation_files(run) == done
     assert json.loads((run / "summary.json").read_text())["n"] == 6
+
+
+def test_pass_at_k_and_compare_on_recorded_results(tmp_path):
+    from dice_kernels.harness import EvalResult, Outcome
+    from dice_kernels.report.bench_report import compare, pass_at, pass_at_k
+
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4) and pass_at_k(5, 2, 4) == 1.0 and pass_at_k(5, 0, 3) == 0.0
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    with pytest.raises(ValueError, match="at least 3 samples"):
+        pass_at_k(2, 1, 3)
+
+    def result(task: str, sample: int, outcome: Outcome, speedup: float | None = None) -> EvalResult:
+        extra = {"speedup_ci95": [speedup * 0.9, speedup * 1.1]} if speedup else {}
+        return EvalResult(task_id=task, candidate_id=f"{task}#s{sample}", candidate_sha256="x", outcome=outcome,
+                          level=1, speedup=speedup, extra=extra)
+
+    a = [result("L1/1", 0, Outcome.CORRECT, 2.5), result("L1/1", 1, Outcome.VALUE_MISMATCH),
+         result("L1/2", 0, Outcome.COMPILE_ERROR), result("L1/2", 1, Outcome.COMPILE_ERROR)]
+    b = [result("L1/1", 0, Outcome.COMPILE_ERROR), result("L1/2", 0, Outcome.CORRECT, 1.05)]
+    exec_ok = lambda r: r.outcome is Outcome.CORRECT  # noqa: E731
+    assert pass_at(a, 1, exec_ok) == pytest.approx(0.25) and pass_at(a, 2, exec_ok) == pytest.approx(0.5)
+    for name, results in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r.to_row()) + "\n" for r in results))
+    text = compare(tmp_path / "a", tmp_path / "b")
+    assert "| L1/1 | 1/2 correct, best 2.50× | compile_error | A only |" in text
+    assert "| L1/2 | 0/2 correct | correct 1.05× | B only |" in text
