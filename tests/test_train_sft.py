@@ -189,7 +189,7 @@ def test_two_torchrun_processes_give_the_loss_of_one(workdir):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 rank(s)" in " ".join((proc.stdout + proc.stderr).split())
-    assert _losses(two) == pytest.approx(_losses(one), rel=1e-4)
+    assert _losses(two) == pytest.approx(_losses(one), rel=1e-5)  # observed: 6e-8 after 3 steps
 
 
 def test_bad_inputs_are_one_line_errors(workdir, tmp_path):
@@ -248,6 +248,8 @@ def test_config_overrides_round_trip_and_shipped_configs(workdir, tmp_path):
     (tmp_path / "typo.toml").write_text('[model]\nshape = "tiny"\ntokenizer = "t"\n[data]\npath = "x"\nbatch = 3\n')
     with pytest.raises(config_io.ConfigError, match="unknown config key 'data.batch'.*valid keys in data: path"):
         config_io.load(SFTConfig, tmp_path / "typo.toml")
+    code, out = _cli("tiny", "--show", "--set", "train.epochs=2")
+    assert code == 0 and "[train]\nepochs = 2\n" in out and "[parallel]" in out
     for name in ("sdar-1.7b", "sdar-4b", "sdar-8b"):
         c = config_io.load(SFTConfig, config_io.config_path("sft", name))
         assert (c.optim.lr, c.optim.schedule, c.optim.warmup_fraction, c.train.epochs, c.data.cutoff,
