@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="Train block-diffusion models: SFT (`dice train sft`).", no_args_is_help=True)
+app = typer.Typer(help="Train block-diffusion models: SFT (`dice train sft`), BiC-RL (`dice train rl`).",
+                  no_args_is_help=True)
 
 
 def _fail(message: str) -> None:
@@ -63,6 +64,40 @@ def sft(
             return
         run_sft(cfg, resume=resume)
     except (ConfigError, DataError, ModelSetupError, CheckpointError, TrainError) as e:
+        _fail(str(e))
+
+
+@app.command("rl")
+def rl(
+    config: str = typer.Argument(..., help="A TOML config file, or a shipped config: tiny, dice-infill, dice-e2e, "
+                                           "dice (infill then e2e)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key, e.g. --set rl.phase=e2e "
+                                                     "--set model.checkpoint=runs/sft/final (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in out_dir from its newest resumable "
+                                                        "state (model, optimizer, curriculum position, RNG)."),
+) -> None:
+    """BiC-RL: rollouts, execution rewards from the harness, TraceRL updates (docs/rl.md).
+
+    \b
+    Examples:
+      dice train rl tiny                                     # small random model, CPU, C++ candidates
+      dice train rl dice-infill --set model.checkpoint=runs/sft-sdar-8b/final
+      torchrun --nproc_per_node 8 -m dice_kernels train rl dice --set out_dir=runs/rl-8b
+      dice train rl dice --set out_dir=runs/rl-8b --resume   # after a crash or kill
+
+    \b
+    The run directory (out_dir) gets config.toml, metrics.jsonl (reward, Exec, outcomes, KL, clip
+    fraction, seconds per phase), rewards.sqlite (every rollout's outcome and reward per step),
+    harness/results.sqlite, checkpoints/step-N (resumable) and final/ (a Hugging Face directory).
+    """
+    from dice_kernels.model.checkpoint import CheckpointError
+    from dice_kernels.train.checkpointing import ModelSetupError
+    from dice_kernels.train.config import ConfigError, config_path, load
+    from dice_kernels.train.rl import RLConfig, RLError, run_rl
+
+    try:
+        run_rl(load(RLConfig, config_path("rl", config), set_), resume=resume)
+    except (ConfigError, ModelSetupError, CheckpointError, RLError) as e:
         _fail(str(e))
 
 
