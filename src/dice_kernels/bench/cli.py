@@ -114,10 +114,15 @@ def bench(
         _fail(str(e))
     if samples > 1 and temperature == 0:
         console.print("[yellow]--samples > 1 with greedy decoding (--temperature 0) gives identical samples[/]")
+    import torch
+
     try:
         summary = run(cfg, progress=progress, echo=console.print)
     except (ValueError, TaskError, FileNotFoundError) as e:
         _fail(str(e))
+    except torch.OutOfMemoryError:
+        _fail(f"out of memory while generating batches of {batch_size}: lower --batch-size (or --max-new-tokens) "
+              f"and run the same command again; the generations already written in {cfg.out} are kept")
     if summary is None:
         console.print(f"generations written under {cfg.out / 'generations'}; evaluate them with "
                       f"`dice bench ... --out {cfg.out} --stage evaluate`")
