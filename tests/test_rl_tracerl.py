@@ -11,7 +11,8 @@ from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dense_mask
 from dice_kernels.sampling.decoder import SamplingConfig, decode
-from dice_kernels.train.tracerl import Trajectory, policy_loss, replay_batch, row_of_scored, token_logprobs
+from dice_kernels.train.tracerl import (Trajectory, policy_loss, replay_batch, replay_length, row_of_scored,
+                                        token_logprobs)
 
 BLOCK, MASK, PAD = 4, VOCAB - 1, 0
 STOPS = list(range(40, 90))  # many stop ids, so some rows stop inside a block and some run to the limit
@@ -75,6 +76,8 @@ def test_batched_logprobs_equal_the_naive_replay(backend):
     assert any(len(t.tokens) % BLOCK for t in trajectories)  # a stopped row ends inside a block
     assert len({len(t.tokens) for t in trajectories}) > 1
     batch = replay_batch(trajectories, BLOCK, MASK, PAD, multiple=16)
+    assert batch.ids.shape[1] % 16 == 0
+    assert (batch.layout.doc == 0).sum(1).tolist() == [replay_length(t, BLOCK) for t in trajectories]
     with torch.no_grad():  # flex has no backward on CPU
         got = token_logprobs(model, batch, backend=backend, temperature=0.7)
     want = [x for row in _naive_logprobs(model, trajectories, temperature=0.7) for x in row]

@@ -30,7 +30,8 @@ from dice_kernels.train.metrics import Metrics
 from dice_kernels.train.optim import build_optimizer, clip_grad_norm
 from dice_kernels.train.reward import RewardConfig, RewardService
 from dice_kernels.train.rollout import generate_rollouts
-from dice_kernels.train.tracerl import ReplayBatch, Trajectory, policy_loss, replay_batch, row_of_scored, token_logprobs
+from dice_kernels.train.tracerl import (ReplayBatch, Trajectory, policy_loss, replay_batch, replay_length,
+                                        row_of_scored, token_logprobs)
 
 
 class RLError(ValueError):
@@ -190,6 +191,7 @@ class RLStep:
 
         self.model, self.optimizer, self.tokenizer, self.rewards = model, optimizer, tokenizer, rewards
         self.rollout, self.update, self.grad_clip = rollout, update, grad_clip
+        self.last_rollouts: list = []
         self.attention, self.backend, self.dist, self.policy = attention, backend, dist, policy
         self.stop_ids, self.pad_id = list(stop_token_ids(tokenizer)), pad_token_id(tokenizer)
         if rollout.tasks_per_step % dist.world_size:
@@ -205,6 +207,7 @@ class RLStep:
         rollouts = generate_rollouts(policy, self.tokenizer, mine, self.rollout.group, phase, self.backend,
                                      self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
         seconds["rollout"] = time.monotonic() - t0
+        self.last_rollouts = rollouts  # for inspection (benchmarks/rl_step.py)
         pairs = [(r.task.harness_task(), r.candidate) for r in rollouts]
         scored = _score_on_main(self.rewards, step, pairs, self.dist)
         first = self.dist.rank * share * self.rollout.group
@@ -214,7 +217,7 @@ class RLStep:
         adv = group_advantages(rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
         t1 = time.monotonic()
         kept = [(r.trajectory, a) for r, a, k in zip(rollouts, adv.values, adv.kept) if k]
-        upd = self._update(kept, [r.trajectory for r in rollouts])
+        upd = self.update_policy(kept, [r.trajectory for r in rollouts])
         seconds["update"] = time.monotonic() - t1
         groups, dropped, trained, tokens = (int(x) for x in _sum(
             [adv.groups, adv.dropped_groups, len(kept), sum(len(r.trajectory.tokens) for r in rollouts)], self.dist))
@@ -226,14 +229,17 @@ class RLStep:
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
-        share a forward (less padding); flex rows are padded to multiples of 128 (few shapes to compile)."""
-        rows = sorted(range(len(trajs)), key=lambda i: -len(trajs[i].prompt) - len(trajs[i].tokens))
-        n, mask_id = self.update.micro_rows, self.model.config.mask_token_id
-        multiple = 128 if self.attention == "flex" else 1
-        return [(part, replay_batch([trajs[i] for i in part], self.rollout.block_size, mask_id, self.pad_id, multiple))
+        share a forward. With flex every row of the step is padded to one length, a multiple of 1,024: flex
+        compiles one kernel per shape, so a run compiles a few, not one per micro-batch."""
+        block, mask_id = self.rollout.block_size, self.model.config.mask_token_id
+        lengths = [replay_length(t, block) for t in trajs]
+        rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
+        length = -(-max(lengths) // 1024) * 1024 if self.attention == "flex" else 0
+        n = self.update.micro_rows
+        return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
-    def _update(self, kept: list[tuple[Trajectory, float]], any_trajs: list[Trajectory]) -> dict:
+    def update_policy(self, kept: list[tuple[Trajectory, float]], any_trajs: list[Trajectory]) -> dict:
         """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_per_step`
         optimizer steps. Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer
         micro-batches runs its first one again with weight 0."""

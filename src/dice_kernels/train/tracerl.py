@@ -79,12 +79,24 @@ def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[in
     return ids, pos, noisy, copy, targets
 
 
+def replay_length(traj: Trajectory, block_size: int) -> int:
+    """Tokens in a trajectory's scoring row: its clean context and one block per (block, step) scored."""
+    seq = len(traj.prompt) + len(traj.tokens)
+    steps: dict[int, set[int]] = {}
+    for j, s in enumerate(traj.steps):
+        steps.setdefault((len(traj.prompt) + j) // block_size, set()).add(s)
+    return (seq - 1) // block_size * block_size + block_size * sum(len(v) for v in steps.values())
+
+
 def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, pad_id: int,
-                 multiple: int = 1) -> ReplayBatch:
-    """The scoring layout of a batch of trajectories, rows padded to a multiple of `multiple` tokens (flex: a
-    few distinct shapes instead of one compile per length)."""
+                 multiple: int = 1, length: int = 0) -> ReplayBatch:
+    """The scoring layout of a batch of trajectories, rows padded to `length` tokens, or to the longest row rounded
+    up to a multiple of `multiple` (flex compiles one kernel per shape: a trainer pads to few shapes)."""
     rows = [_row(t, block_size, mask_id) for t in trajectories]
-    length = -(-max(len(r[0]) for r in rows) // multiple) * multiple
+    longest = max(len(r[0]) for r in rows)
+    if length and longest > length:
+        raise ValueError(f"a trajectory's scoring row has {longest} tokens, more than length={length}")
+    length = length or -(-longest // multiple) * multiple
     cols: list[list[list[int]]] = [[], [], [], [], [], []]
     for ids, pos, noisy, copy, targets in rows:
         tail = length - len(ids)

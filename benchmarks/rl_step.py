@@ -1,0 +1,149 @@
+"""One BiC-RL step at reduced scale, timed per phase, and the reward service's throughput over consecutive calls.
+
+    python benchmarks/rl_step.py --tokenizer DIR --tasks tasks.jsonl --out rl_step.json   # GPU: 1.7B shape
+    python benchmarks/rl_step.py --smoke --tokenizer DIR --tasks src/dice_kernels/examples/tasks   # CPU check
+
+Part 1, the trainer's step (`train/rl.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
+`--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
+4 steps), their rewards, the TraceRL update; seconds per phase and peak GPU memory. Random weights write no code,
+so this step's reward phase only sees generation failures.
+
+Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
+to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same
+`RewardService` with new candidate ids. The first call pays the start-up (fork server, workers, compiles,
+reference runs); the second must not. Candidates / min and distinct evaluations of each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
+
+
+def _train_step(args, out_dir: Path, rewards) -> dict:
+    from dice_kernels.train.checkpointing import build_model, load_tokenizer_for
+    from dice_kernels.train.config import ModelSection, OptimConfig, ParallelConfig
+    from dice_kernels.train.curriculum import load_task_set
+    from dice_kernels.train.distributed import attention_backend, init_distributed, param_dtype
+    from dice_kernels.train.optim import build_optimizer
+    from dice_kernels.train.rl import PolicySnapshot, RLStep, RolloutConfig, UpdateConfig
+
+    dist = init_distributed()
+    t0 = time.monotonic()
+    section = ModelSection(shape=args.shape, tokenizer=args.tokenizer)
+    parallel = ParallelConfig(activation_checkpointing=not args.smoke)
+    tokenizer = load_tokenizer_for(section)
+    model = build_model(section, parallel, dist, tokenizer)
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-6, warmup_fraction=0.0))
+    policy = PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device)
+    setup_s = time.monotonic() - t0
+    tasks = load_task_set(args.tasks, "e2e")
+    tasks = (tasks * args.tasks_per_step)[: args.tasks_per_step]
+    rollout = RolloutConfig(tasks_per_step=len(tasks), group=args.group, max_new_tokens=args.max_new,
+                            batch_rows=len(tasks) * args.group, seed=0)
+    step = RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=args.micro_rows), 1.0,
+                  attention_backend(parallel, dist.device), rewards.cfg.eval_config().resolved_backend(), dist,
+                  policy)
+    if dist.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    began = time.monotonic()
+    stats = step(0, "e2e", tasks)
+    result = {"setup_s": setup_s, "step_s": time.monotonic() - began, **{f"{k}_s": v for k, v in stats.seconds.items()},
+              "rollouts": stats.rollouts, "tokens_generated": stats.tokens_generated,
+              "outcomes": stats.outcomes, "trained_rollouts": stats.trained_rollouts, "loss": stats.loss,
+              "kl": stats.kl, "grad_norm": stats.grad_norm}
+    result["rollout_tokens_per_s"] = stats.tokens_generated / stats.seconds["rollout"]
+    if stats.trained_rollouts == 0:
+        # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
+        # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
+        trajs = [r.trajectory for r in step.last_rollouts]
+        began = time.monotonic()
+        upd = step.update_policy([(t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs)
+        result.update(update_s=time.monotonic() - began, update_forced=True, loss=upd["loss"], kl=upd["kl"],
+                      grad_norm=upd["grad_norm"], trained_rollouts=len(trajs))
+        result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]
+    if dist.device.type == "cuda":
+        result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _reward_calls(rewards, per_task: int, backend: str) -> list[dict]:
+    from dice_kernels.harness import load_candidate
+    from dice_kernels.tasks import load_tasks, task_from_code
+
+    solutions = EXAMPLES / "solutions" / backend / "level1"
+    calls = []
+    for call in range(2):
+        pairs = []
+        for base in load_tasks(EXAMPLES / "tasks"):
+            programs = sorted((solutions / base.name).glob("*.py"))
+            for k in range(per_task):
+                task = task_from_code(base.code, id=f"{base.id}#{k}", name=base.name, level=base.level)
+                for j in range(8):
+                    path = programs[j % len(programs)]
+                    pairs.append((task, load_candidate(path, id=f"call{call}/{task.id}/{j}")))
+        began = time.monotonic()
+        scored = rewards.score(1000 + call, pairs)
+        seconds = time.monotonic() - began
+        distinct = len({(t.id, c.sha256) for t, c in pairs})
+        calls.append({"call": call + 1, "candidates": len(pairs), "evaluations": distinct, "seconds": seconds,
+                      "candidates_per_min": 60 * len(pairs) / seconds, "evaluations_per_min": 60 * distinct / seconds,
+                      "outcomes": scored.outcomes})
+        print(json.dumps(calls[-1]), flush=True)
+    return calls
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json), e.g. Qwen3's")
+    p.add_argument("--tasks", required=True, help="KernelBench tasks (directory or JSONL) for the step's prompts")
+    p.add_argument("--shape", default="1.7B")
+    p.add_argument("--tasks-per-step", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=1024)
+    p.add_argument("--micro-rows", type=int, default=4)
+    p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2")
+    p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU backend, to check the script runs")
+    args = p.parse_args()
+    if args.smoke:
+        args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
+    from dice_kernels.train.reward import RewardConfig, RewardService
+
+    work = Path(args.work)
+    backend = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    cfg = RewardConfig(backend=backend, cache_dir=str(work / "cache"))
+    results: dict = {"shape": args.shape, "tasks_per_step": args.tasks_per_step, "group": args.group,
+                     "max_new": args.max_new, "backend": backend,
+                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    with RewardService(cfg, work / "run") as rewards:
+        results["step"] = _train_step(args, work, rewards)
+        results["reward_calls"] = _reward_calls(rewards, args.reward_tasks, backend)
+    s = results["step"]
+    print(f"\nBiC-RL step, {args.shape} random weights, {args.tasks_per_step} tasks x {args.group} rollouts, "
+          f"{args.max_new} new tokens, {results['device']}")
+    print(f"{'phase':<28}{'seconds':>10}")
+    for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s"):
+        print(f"{key[:-2]:<28}{s[key]:>10.1f}")
+    print(f"tokens generated {s['tokens_generated']:,} ({s['rollout_tokens_per_s']:,.0f}/s), trained rollouts "
+          f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
+          f"peak {s.get('peak_gib', 0):.1f} GiB")
+    print(f"\n{'reward call':<14}{'candidates':>12}{'evaluations':>13}{'seconds':>10}{'cand/min':>10}{'eval/min':>10}")
+    for c in results["reward_calls"]:
+        print(f"{c['call']:<14}{c['candidates']:>12}{c['evaluations']:>13}{c['seconds']:>10.1f}"
+              f"{c['candidates_per_min']:>10.1f}{c['evaluations_per_min']:>10.1f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
