@@ -27,7 +27,7 @@ from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfi
 from dice_kernels.train.curriculum import ORDERS, Curriculum, RLTask, load_task_set
 from dice_kernels.train.distributed import Dist, attention_backend, init_distributed, param_dtype, shutdown
 from dice_kernels.train.metrics import Metrics
-from dice_kernels.train.optim import build_optimizer, clip_grad_norm
+from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
 from dice_kernels.train.reward import RewardConfig, RewardService
 from dice_kernels.train.rollout import generate_rollouts
 from dice_kernels.train.tracerl import (ReplayBatch, Trajectory, policy_loss, replay_batch, replay_length,
@@ -174,7 +174,7 @@ class RLStats:
     def line(self, step: int, total: int) -> str:
         s = self.seconds
         failures = " ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()) if k != "correct")
-        return (f"step {step}/{total} [{self.phase}] reward {self.reward_mean:.3f} exec {self.exec:.3f} "
+        return (f"step {step}/{total} {self.phase}: reward {self.reward_mean:.3f} exec {self.exec:.3f} "
                 f"kl {self.kl:.2e} clip {self.clip_fraction:.3f} | {self.tokens_generated:,} tokens, "
                 f"{self.trained_rollouts}/{self.rollouts} trained ({self.dropped_groups}/{self.groups} groups flat) | "
                 f"rollout {s['rollout']:.1f}s reward {s['reward']:.1f}s update {s['update']:.1f}s | {failures}")
@@ -186,13 +186,14 @@ class RLStep:
 
     def __init__(self, model: BlockDiffusionLM, optimizer: torch.optim.Optimizer, tokenizer,
                  rewards: RewardService | None, rollout: RolloutConfig, update: UpdateConfig, grad_clip: float,
-                 attention: str, backend: str, dist: Dist, policy: PolicySnapshot | None = None):
+                 attention: str, backend: str, dist: Dist, policy: PolicySnapshot | None = None, scheduler=None):
         from dice_kernels.model.tokenizer import stop_token_ids
 
         self.model, self.optimizer, self.tokenizer, self.rewards = model, optimizer, tokenizer, rewards
         self.rollout, self.update, self.grad_clip = rollout, update, grad_clip
         self.last_rollouts: list = []
         self.attention, self.backend, self.dist, self.policy = attention, backend, dist, policy
+        self.scheduler = scheduler  # stepped after every optimizer step (None: the optimizer's lr throughout)
         self.stop_ids, self.pad_id = list(stop_token_ids(tokenizer)), pad_token_id(tokenizer)
         if rollout.tasks_per_step % dist.world_size:
             raise RLError(f"rollout.tasks_per_step ({rollout.tasks_per_step}) must be a multiple of the "
@@ -288,6 +289,8 @@ class RLStep:
             norms.append(clip_grad_norm(self.model, self.grad_clip))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
             losses.append(_sum([float(total)], self.dist)[0])
         kl_sum, clipped, tokens = _sum([kl_sum, clipped, tokens], self.dist)
         return {"loss": sum(losses) / len(losses), "kl": kl_sum / max(1, tokens),
@@ -383,11 +386,13 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     tokenizer = load_tokenizer_for(cfg.model)
     model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
     optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, total * cfg.update.updates_per_step, cfg.optim)
     start = 0
     if resume and previous is not None:
         state = load_state(previous, model, optimizer, dist)
         for phase, cur in curricula.items():
             cur.load_state_dict(state["curricula"][phase])
+        scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
         say(f"resumed from {previous} (step {start})")
     elif resume:
@@ -396,21 +401,22 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     policy = PolicySnapshot(model, param_dtype(cfg.parallel, dist.device), dist.device)
     rewards = RewardService(cfg.reward, out) if dist.is_main else None
     ck = cfg.checkpoint
-    trainer_state = lambda: {"curricula": {p: c.state_dict() for p, c in curricula.items()}}  # noqa: E731
+    trainer_state = lambda: {"curricula": {p: c.state_dict() for p, c in curricula.items()},  # noqa: E731
+                             "scheduler": scheduler.state_dict()}
     try:
         backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
-                         attention_backend(cfg.parallel, dist.device), backend, dist, policy)
+                         attention_backend(cfg.parallel, dist.device), backend, dist, policy, scheduler)
         with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
                      console=console) as metrics:
             for step in range(start, total):
                 phase = cfg.rl.phase_of(step)
-                began = time.perf_counter()
+                began, lr = time.perf_counter(), scheduler.get_last_lr()[0]
                 stats = step_fn(step, phase, curricula[phase].next_batch())
                 done = step + 1
                 values = {k: v for k, v in vars(stats).items() if k != "seconds"}
                 values.update({f"{k}_s": round(v, 3) for k, v in stats.seconds.items()},
-                              step_s=time.perf_counter() - began,
+                              step_s=time.perf_counter() - began, lr=lr,
                               tokens_per_s=stats.tokens_generated / max(stats.seconds["rollout"], 1e-9))
                 metrics.log(done, values)
                 metrics.note(stats.line(done, total))
