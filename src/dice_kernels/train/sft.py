@@ -23,7 +23,7 @@ from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backe
 from dice_kernels.train.metrics import Metrics
 from dice_kernels.train.objective import Corruption, PackedBatch, corrupt, sft_loss
 from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
-from dice_kernels.train.sft_data import SFTData, SFTDataConfig
+from dice_kernels.train.sft_data import SFTData, SFTDataConfig, StepData
 
 
 class TrainError(ValueError):
@@ -67,16 +67,10 @@ def _rows(batch: PackedBatch | Corruption, start: int, stop: int, device: torch.
     return type(batch)(**{k: v[start:stop].to(device, non_blocking=True) for k, v in vars(batch).items()})
 
 
-@dataclass
-class StepResult:
-    loss: float  # the global batch's loss (sum of CE/p over masked tokens / response tokens, all ranks)
-    grad_norm: float
-    response_tokens: int
-
-
-def train_step(model, optimizer, batch: PackedBatch, corruption: Corruption, dist: Dist, micro_rows: int,
-               backend: str, max_norm: float) -> StepResult:
-    """One optimizer step on this rank's share of the global batch, in micro-batches.
+def accumulate_gradients(model, batch: PackedBatch, corruption: Corruption, dist: Dist, micro_rows: int,
+                         backend: str) -> torch.Tensor:
+    """Forward and backward over this rank's share of the global batch, in micro-batches; returns this rank's
+    part of the global loss (a device tensor: no wait for the GPU, so the caller can prepare the next batch).
 
     Every micro-batch's loss is scaled to (its sum of CE/p) / (response tokens of the *global* batch) x world
     size, so after FSDP's mean over ranks the gradient is that of the global batch's loss, whatever the number of
@@ -86,26 +80,23 @@ def train_step(model, optimizer, batch: PackedBatch, corruption: Corruption, dis
     block = model.config.block_size
     per_rank = batch.input_ids.shape[0] // dist.world_size
     first = dist.rank * per_rank
-    total_response = int(batch.response.sum())
+    total_response = max(int(batch.response.sum()), 1)
     loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
     for start in range(first, first + per_rank, micro_rows):
         micro = _rows(batch, start, start + micro_rows, dist.device)
         micro_noise = _rows(corruption, start, start + micro_rows, dist.device)
-        response = micro.response.sum()
         loss = sft_loss(model, micro, micro_noise, block, backend)  # / this micro-batch's response tokens
-        weighted = loss * response / max(total_response, 1)
+        weighted = loss * micro.response.sum() / total_response
         (weighted * dist.world_size).backward()
         loss_sum += weighted.detach()
-    grad_norm = clip_grad_norm(model, max_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return StepResult(all_reduce_sum(loss_sum, dist.device), grad_norm, total_response)
+    return loss_sum
 
 
-def _noise(batch: PackedBatch, mask_id: int, seed: int, step: int) -> Corruption:
-    """The global batch's corruption, drawn on the CPU from (seed, step) alone: the same on every rank, for any
-    number of ranks, and after a resume."""
-    return corrupt(batch, mask_id, torch.Generator().manual_seed(seed * 1_000_003 + step))
+def _prepare(data: SFTData, step: int, mask_id: int, seed: int) -> tuple[StepData, Corruption]:
+    """The global batch of `step` and its corruption, drawn on the CPU from (seed, step) alone: the same on every
+    rank, for any number of ranks, and after a resume."""
+    step_data = data.step(step)
+    return step_data, corrupt(step_data.batch, mask_id, torch.Generator().manual_seed(seed * 1_000_003 + step))
 
 
 def run_sft(cfg: SFTConfig, resume: bool = False, console: Console | None = None) -> Path:
@@ -162,22 +153,26 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
     tokens_seen = 0
     with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
                  console=console) as metrics:
+        upcoming = _prepare(data, start, mcfg.mask_token_id, cfg.train.seed)
+        clock = time.perf_counter()
         for step in range(start, total):
-            began = time.perf_counter()
-            step_data = data.step(step)
-            noise = _noise(step_data.batch, mcfg.mask_token_id, cfg.train.seed, step)
-            result = train_step(model, optimizer, step_data.batch, noise, dist, cfg.train.micro_batch_rows, backend,
-                                cfg.optim.grad_clip)
+            step_data, noise = upcoming
+            loss_sum = accumulate_gradients(model, step_data.batch, noise, dist, cfg.train.micro_batch_rows, backend)
+            if step + 1 < total:  # built on the CPU while the GPU still runs this step's backward
+                upcoming = _prepare(data, step + 1, mcfg.mask_token_id, cfg.train.seed)
+            grad_norm = clip_grad_norm(model, cfg.optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
-            seconds = time.perf_counter() - began
+            loss = all_reduce_sum(loss_sum, dist.device)
+            seconds, clock = time.perf_counter() - clock, time.perf_counter()
             tokens_seen += step_data.tokens
-            if not math.isfinite(result.loss):
-                raise TrainError(f"step {step + 1}: loss is {result.loss}; lower optim.lr or check the data")
+            if not math.isfinite(loss):
+                raise TrainError(f"step {step + 1}: loss is {loss}; lower optim.lr or check the data")
             done = step + 1
-            values = {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                      "tokens_per_s": step_data.tokens / seconds, "step_s": seconds,
-                      "tokens": step_data.tokens, "epoch": step_data.epoch}
+            values = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": step_data.tokens / seconds,
+                      "step_s": seconds, "tokens": step_data.tokens, "epoch": step_data.epoch}
             if dist.device.type == "cuda":
                 values["max_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
             metrics.log(done, values)
@@ -187,6 +182,7 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
                 export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype, dist)
             if cfg.debug.sigkill_after_step == done:
                 os.kill(os.getpid(), signal.SIGKILL)
+            clock = time.perf_counter()  # a step's time excludes saving and exporting
         final = out / "final"
         if ck.at_end:
             if start < total or previous is None:
