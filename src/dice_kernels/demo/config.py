@@ -33,7 +33,7 @@ class ModelShape:
 
 @dataclass
 class SFTSection:
-    steps: int = 400
+    steps: int = 240
     batch_rows: int = 16  # packed rows per step
     export_every: int = 0  # also export a checkpoint every this many steps (0: only the final one)
     lr: float = 2e-3  # from scratch: far above DICE's 1e-5 for a pretrained model
@@ -43,8 +43,8 @@ class SFTSection:
 
 @dataclass
 class RLSection:
-    infill_steps: int = 4  # BiC-RL phase 1
-    e2e_steps: int = 4  # phase 2 (and the whole of the SFT + e2e RL arm)
+    infill_steps: int = 3  # BiC-RL phase 1
+    e2e_steps: int = 3  # phase 2 (and the whole of the SFT + e2e RL arm)
     tasks_per_step: int = 4
     group: int = 4  # rollouts per task
     lr: float = 2e-5
@@ -81,11 +81,12 @@ def preset(scale: str, out: Path) -> DemoConfig:
     if scale == "gpu":
         cfg = dataclasses.replace(
             cfg, backend="cuda",
-            world=WorldSection(n_train=4000, n_heldout=64),
+            world=WorldSection(n_train=4000, n_heldout=32),
             model=ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
                              num_key_value_heads=4),
-            sft=SFTSection(steps=2000, batch_rows=32, lr=1e-3, row_tokens=0),
-            rl=RLSection(infill_steps=10, e2e_steps=20, tasks_per_step=16, group=8, lr=1e-5),
+            sft=SFTSection(steps=1500, batch_rows=32, lr=1e-3),
+            # every distinct rollout is a CUDA build (nvcc): RL stays small to fit one GPU in under half an hour
+            rl=RLSection(infill_steps=4, e2e_steps=8, tasks_per_step=8, group=4, lr=1e-5),
         )
     return cfg
 
