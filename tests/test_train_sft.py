@@ -286,3 +286,31 @@ def test_gpu_run_with_flex_bf16_and_activation_checkpointing(workdir):
     from dice_kernels.model.checkpoint import load_model
 
     assert load_model(out / "final").config.block_size == 4
+
+
+def test_real_qwen3_tokenizer_on_shipped_example_pairs_from_parquet(shared_data, tmp_path):
+    """The tiny config with the real Qwen3 tokenizer (no mask token: SDAR's convention puts it at
+    len(tokenizer) = 151669) on real chat-format rows (the shipped CPU example pairs), read from Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dice_kernels.prompts import chat_prompt, chat_response, code_block, e2e_user
+
+    examples = REPO / "src" / "dice_kernels" / "examples"
+    rows = []
+    for solution in sorted((examples / "solutions" / "cpu" / "level1").glob("*/correct.py")):
+        task = next((examples / "tasks").rglob(f"{solution.parent.name}.py"))
+        rows.append({"prompt": chat_prompt(e2e_user(task.read_text(), backend="cpu")),
+                     "response": chat_response(code_block(solution.read_text()))})
+    pq.write_table(pa.Table.from_pylist(rows * 2), tmp_path / "sft.parquet")
+    out = tmp_path / "run"
+    code, output = _cli("tiny", "--set", f"model.tokenizer={shared_data / 'tokenizers' / 'qwen3'}",
+                        "--set", f"data.path={tmp_path / 'sft.parquet'}", "--set", f"out_dir={out}",
+                        "--set", "data.cutoff=1536", "--set", "train.max_steps=1", "--set", "train.global_batch_rows=1",
+                        "--set", "train.micro_batch_rows=1", "--set", "metrics.progress=false",
+                        "--set", "metrics.tensorboard=false")
+    assert code == 0, output
+    assert f"{len(rows) * 2} rows" in " ".join(output.split())
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["mask_token_id"] == 151669 and config["vocab_size"] == 151680
+    assert len(read_metrics(out)) == 1 and (out / "loss_curve.png").is_file()
