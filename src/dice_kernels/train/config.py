@@ -97,7 +97,7 @@ class MetricsConfig:
     """metrics.jsonl always; TensorBoard and W&B optional; a loss-curve PNG at the end."""
 
     log_every: int = 1
-    progress: bool = True  # rich progress bar (else a log line per log_every steps)
+    progress: bool = True  # rich progress bar on a terminal (else, and in logs, a line per log_every steps)
     tensorboard: bool = True  # needs the `tensorboard` package; skipped with a note when absent
     wandb_project: str = ""  # "" = off; needs the `wandb` package
     plot: bool = True  # loss_curve.png (needs matplotlib)

@@ -64,7 +64,7 @@ class Metrics:
                 self.console.print("[yellow]wandb is not installed: metrics.wandb_project ignored[/]")
 
     def __enter__(self) -> Metrics:
-        if self.enabled and self.cfg.progress:
+        if self.enabled and self.cfg.progress and self.console.is_terminal:  # logs (torchrun, CI) get lines
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 
