@@ -137,8 +137,10 @@ class PolicySnapshot:
     the sampler's KV cache and CUDA graphs want plain tensors. Refreshed from the trained model every step."""
 
     def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
-        self.plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch."))).to(device, dtype)
-        self.plain.eval().requires_grad_(False)
+        with torch.device("meta"):  # no random init of weights that `refresh` overwrites anyway
+            plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch.")))
+        plain.to_empty(device=device).to(dtype).tie_weights()
+        self.plain = plain.eval().requires_grad_(False)
 
     def refresh(self, model: BlockDiffusionLM) -> BlockDiffusionLM:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
