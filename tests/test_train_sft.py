@@ -10,6 +10,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 
 from dice_kernels.cli import app
 from dice_kernels.train import config as config_io
+from dice_kernels.train.config import OptimConfig
 from dice_kernels.train.metrics import read_metrics
 from dice_kernels.train.sft import SFTConfig, run_sft
 from model_fixtures import save_tiny_checkpoint, save_tiny_tokenizer
@@ -241,6 +243,11 @@ def test_memory_plan_for_8b(workdir):
     assert code == 0 and "does NOT fit  <- this config" in out  # 16 B/param of states alone is 122 GiB
 
 
+@dataclass
+class _OtherStage:  # a stage whose section defaults differ from the section class's (RL: lr 1e-6)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_fraction=0.0))
+
+
 def test_config_overrides_round_trip_and_shipped_configs(workdir, tmp_path):
     cfg = _config(workdir, tmp_path, **{"optim.betas": "0.9,0.95", "parallel.activation_checkpointing": "yes"})
     assert cfg.optim.betas == (0.9, 0.95) and cfg.parallel.activation_checkpointing is True
@@ -248,6 +255,8 @@ def test_config_overrides_round_trip_and_shipped_configs(workdir, tmp_path):
     (tmp_path / "typo.toml").write_text('[model]\nshape = "tiny"\ntokenizer = "t"\n[data]\npath = "x"\nbatch = 3\n')
     with pytest.raises(config_io.ConfigError, match="unknown config key 'data.batch'.*valid keys in data: path"):
         config_io.load(SFTConfig, tmp_path / "typo.toml")
+    other = config_io.load(_OtherStage, None, ["optim.grad_clip=0.5"])
+    assert (other.optim.lr, other.optim.warmup_fraction, other.optim.grad_clip) == (1e-6, 0.0, 0.5)
     code, out = _cli("tiny", "--show", "--set", "train.epochs=2")
     assert code == 0 and "[train]\nepochs = 2\n" in out and "[parallel]" in out
     for name in ("sdar-1.7b", "sdar-4b", "sdar-8b"):

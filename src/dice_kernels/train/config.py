@@ -189,8 +189,17 @@ def _coerce(value: Any, tp: Any, key: str, from_text: bool) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
-    """Build dataclass `cls` from a nested dict; an unknown key is an error that names it and the valid keys."""
+def _section_default(cls: type, name: str) -> Any:
+    """The default of section `name` when its factory is not just the section's class (e.g. RL's
+    `OptimConfig(lr=1e-6)`): keys the file leaves out keep *those* defaults."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    factory = f.default_factory
+    return factory() if factory is not dataclasses.MISSING and factory is not _hints(cls)[name] else None
+
+
+def from_dict(cls: type[T], data: dict, prefix: str = "", base: T | None = None) -> T:
+    """Build dataclass `cls` from a nested dict (over `base`, if given); an unknown key is an error that names it
+    and the valid keys."""
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     values = {}
@@ -203,11 +212,12 @@ def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path} is a section ([{path}]), not a value")
-            values[key] = from_dict(tp, value, prefix=f"{path}.")
+            section_base = getattr(base, key) if base is not None else _section_default(cls, key)
+            values[key] = from_dict(tp, value, prefix=f"{path}.", base=section_base)
         else:
             values[key] = _coerce(value, tp, path, from_text=False)
     try:
-        return cls(**values)
+        return dataclasses.replace(base, **values) if base is not None else cls(**values)
     except TypeError as e:
         raise ConfigError(f"{prefix or 'config'}: {e}") from None
 
