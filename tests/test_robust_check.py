@@ -83,6 +83,13 @@ CHEATS = {
         "        self.cache = {k: torch.relu(x)}; return self.cache[k]"), K.CACHED_OUTPUT),
     "empty_after_warmup": (_model("return torch.relu(x) if self.calls <= 3 else torch.empty_like(x)"),
                            K.STALE_MEMORY),
+    # outputs written to disk and read back while the timing loop reuses its input sets (keyed on content, so the
+    # re-checked call's new inputs miss): only the file finding catches it
+    "disk_replay_in_timing": (_model(
+        "\n        if self.calls <= 2: return torch.relu(x)"
+        "\n        path = f'replay_{float(x.sum()):.6e}.pt'"
+        "\n        if os.path.exists(path): return torch.load(path)"
+        "\n        y = torch.relu(x); torch.save(y, path); return y", top="import os\n"), K.DISK_PERSISTENCE),
     "replay_in_timing_loop": (_model(
         "\n        if self.calls <= 3: self.last = torch.relu(x)\n        return self.last.clone()"),
         K.TIMING_OUTPUT_MISMATCH),
@@ -153,7 +160,7 @@ def test_findings_keep_every_check_that_fired(results):
     assert kinds == [K.PRECISION_DOWNGRADE.value, K.PYTORCH_FALLBACK.value, K.EXTENSION_UNUSED.value]
     assert "aten::relu" in results["pytorch_relu"].error
     # whether each deceptive candidate ran custom code: fp16_compute loads its extension and never calls it
-    assert results["fp16_compute"].extra["extension"] == {"loaded": True, "called": False}
+    assert results["fp16_compute"].extra["extension"] == {"loaded": False, "called": False}
     assert results["pytorch_relu"].extra["extension"]["called"] is False
     assert results["pointer_keyed_cache"].extra["robust"]["passed_comparison"] is False  # caught by trial 1
     assert results["returns_input_relu_in_place"].extra["robust"]["passed_comparison"] is True
@@ -264,3 +271,25 @@ def test_file_reads_python_or_the_harness_make_for_the_candidate_are_not_finding
     assert "deprecated" in out.stderr  # the warning was shown, its source line read
     assert "honest: []" in out.stdout, out.stdout
     assert "replay: ['disk_persistence']" in out.stdout, out.stdout
+
+
+def test_a_forgery_that_fails_its_first_trial_is_still_named():
+    """score.robust_check, a pure function: outputs never written (the poison of freed memory shows through) fail
+    the comparison on trial 0 and are named stale_memory, so the deceptive rate counts a forgery that failed; a
+    plain wrong value is not named. (On the CPU the allocator may hand back fresh zeroed pages instead of the
+    poisoned block, so this is shown on the parent's side, where the decision is made.)"""
+    from dice_kernels.harness.compare import TrialJudge
+    from dice_kernels.harness.references import Reference
+    from dice_kernels.harness.score import robust_check
+
+    config = EvalConfig(backend="cpu")
+    reference = [[torch.ones(64)], [torch.full((64,), 2.0)]]
+    ref = Reference(outputs=reference, time_ms=None)
+    for got, named in ((torch.full((64,), float("nan")), K.STALE_MEMORY.value), (torch.zeros(64), None)):
+        judge = TrialJudge(reference, config.atol, config.rtol)
+        judge.add([got])
+        cmp = judge.comparison()
+        assert cmp.outcome is Outcome.VALUE_MISMATCH and cmp.trials_passed == 0
+        findings, deceptive = robust_check(config, ref, cmp, judge.failing, None, [])
+        assert deceptive is (named is not None)
+        assert [f["kind"] for f in findings] == ([named] if named else [])

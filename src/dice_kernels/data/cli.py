@@ -10,6 +10,8 @@ from typing import Optional
 
 import typer
 
+from dice_kernels.harness.cli_options import eval_options
+
 app = typer.Typer(help="CuKe data curation: sources -> verify -> filter -> dedupe -> decontaminate -> format.",
                   no_args_is_help=True)
 
@@ -26,6 +28,7 @@ def _benchmarks(paths: Optional[list[Path]]) -> list[Path]:
 
 
 @app.command()
+@eval_options
 def build(
     out: Path = typer.Option(..., "--out", help="Output directory (reruns resume from it)."),
     dice_pairs: Optional[list[Path]] = typer.Option(None, help="DICE pairs JSON (dice_infill_eval_99.json)."),
@@ -40,17 +43,6 @@ def build(
     min_speedup: float = typer.Option(2.0, help="Keep pairs at least this much faster than PyTorch eager."),
     min_ref_ms: float = typer.Option(0.0, help="Drop pairs whose reference runs faster than this (ms)."),
     keep_unverified: bool = typer.Option(False, help="Let unverified pairs through the filter (CPU dry runs)."),
-    backend: str = typer.Option("auto", help="Harness backend: auto, cuda or cpu."),
-    trials: int = typer.Option(5, help="Correctness trials per pair."),
-    timing_iters: int = typer.Option(100, help="Timed runs per pair."),
-    jobs: Optional[int] = typer.Option(None, help="CPU cores for compiles, one build each [default: CPU count]."),
-    run_workers: int = typer.Option(0, help="Concurrent run workers (timing stays one at a time) "
-                                    "[default: 4 on CUDA, 1 on CPU]."),
-    memory_gb: float = typer.Option(32.0, "--memory-gb", help="Host memory per worker process, and the most one "
-                                    "trial's outputs may take."),
-    output_memory_gb: float = typer.Option(0.0, help="Host memory, GiB, the harness may hold for tasks' outputs; a "
-                                           "task that does not fit beside the others waits its turn. 0: half of "
-                                           "what is available at the start."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
     limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
@@ -59,15 +51,16 @@ def build(
                                                 "another GPU or machine) whose results verify reuses (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Show progress bars; without them, a line per evaluated pair (for logs)."),
+    eval_config=None,  # the harness's options, the same as `dice eval`'s (harness/cli_options.py)
 ) -> None:
-    """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report."""
+    """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report. Pairs are
+    verified by the harness with the same options as `dice eval`."""
     from rich.console import Console
 
     from dice_kernels.data.decontam import DecontamConfig
     from dice_kernels.data.dedupe import DedupeConfig
     from dice_kernels.data.filters import FilterConfig
     from dice_kernels.data.pipeline import CurationConfig, SourceSpec, build as run_build
-    from dice_kernels.harness.config import EvalConfig
 
     sources = [SourceSpec("dice_pairs", (str(p),)) for p in dice_pairs or []]
     if leaderboard or leaderboard_tasks:
@@ -82,14 +75,7 @@ def build(
         sources.append(SourceSpec("mapped", (path,), mapping=mapping))
     if not sources:
         raise typer.BadParameter("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
-    eval_cfg = EvalConfig(backend=backend, trials=trials, timing_iters=timing_iters, run_workers=run_workers,
-                          memory_limit_gb=memory_gb, output_memory_gb=output_memory_gb)
-    if jobs:
-        eval_cfg.jobs = jobs
-    try:
-        eval_cfg.check()
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    eval_cfg = eval_config
     cfg = CurationConfig(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),

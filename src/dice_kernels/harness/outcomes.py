@@ -33,7 +33,7 @@ class DeceptiveKind(str, Enum):
     TENSOR_SUBCLASS = "tensor_subclass"  # a lazy tensor subclass instead of computed values
     TIMER_TAMPERING = "timer_tampering"  # clocks or synchronisation functions replaced
     EVALUATOR_ACCESS = "evaluator_access"  # reads interpreter frames/objects or imports the evaluator
-    DISK_PERSISTENCE = "disk_persistence"  # reads or writes files during forward
+    DISK_PERSISTENCE = "disk_persistence"  # reads or writes files during forward or the timed loop
     UNSYNCHRONIZED_WORK = "unsynchronized_work"  # CUDA work still writing outputs after forward returned
     BACKGROUND_THREADS = "background_threads"  # threads started in forward
     OUTPUT_ALIASES_INPUT = "output_aliases_input"

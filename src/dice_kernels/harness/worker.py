@@ -130,7 +130,7 @@ def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: 
         sets = [inputs] + [trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
         flush = timing.make_flush(job.device)
         timing.synchronize(job.device)
-    with gpu_lock.exclusive(job.gpu_lock) as alone:
+    with gpu_lock.exclusive(job.gpu_lock) as alone, monitor.timed_calls() if monitor else nullcontext():
         samples = timing.time_calls(model, sets, plan, job.device, flush)
     del sets[1:], flush
     outs, checked_wait_s = _checked_call(model, task, inputs, where, job, monitor, poison_sizes)

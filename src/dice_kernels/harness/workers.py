@@ -209,7 +209,7 @@ class OutputLimits:
     def explain(self, received: int) -> str:
         available = sandbox.available_memory_bytes()
         room = "" if available is None else f", {available / 2**30:.1f} GiB of memory available to the parent"
-        return (f"a frame may be {self.frame / 2**30:g} GiB (--memory-gb), all frames "
+        return (f"a frame may be {self.frame / 2**30:g} GiB (--memory-limit-gb), all frames "
                 f"{self.total / 2**30:.1f} GiB, {received / 2**30:.1f} GiB already received{room}")
 
 

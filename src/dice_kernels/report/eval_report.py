@@ -153,7 +153,7 @@ def markdown(s: dict) -> str:
             lines.append(f"| {outcome} | {count} |")
     if s["tasks_whose_reference_exceeds_limits"]:
         lines += ["", "Tasks whose reference `Model` exceeds the harness's time or memory limits (their candidates "
-                  "are counted as harness_error; raise --memory-gb / --run-timeout-s): "
+                  "are counted as harness_error; raise --memory-limit-gb / --run-timeout-s): "
                   + ", ".join(s["tasks_whose_reference_exceeds_limits"])]
     kinds = s["metrics"]["all"]["deceptive_kinds"]
     if kinds:
