@@ -293,3 +293,33 @@ def test_a_forgery_that_fails_its_first_trial_is_still_named():
         findings, deceptive = robust_check(config, ref, cmp, judge.failing, None, [])
         assert deceptive is (named is not None)
         assert [f["kind"] for f in findings] == ([named] if named else [])
+
+
+def test_a_shortcut_on_a_degenerate_task_is_not_paid_and_an_honest_kernel_still_is():
+    """Outputs below atol pass as all zeros (KernelBench L1/23, L1/37): a candidate returning exactly zeros, or one
+    constant, is flagged trivial_output; one returning the reference's values is correct; and where the true
+    output is exactly zero (KernelBench L2/83) an honest zero is not flagged."""
+    from dice_kernels.harness.compare import TrialJudge
+    from dice_kernels.harness.references import Reference
+    from dice_kernels.harness.score import robust_check
+
+    config = EvalConfig(backend="cpu")
+    g = torch.Generator().manual_seed(0)
+    tiny = [[1e-4 * torch.randn(256, generator=g)] for _ in range(3)]  # every element below atol = 1e-2
+    exact_zero = [[torch.zeros(256)] for _ in range(3)]
+    mean = [[2.0 + 1e-4 * torch.randn(1, generator=g)] for _ in range(3)]  # a large-N loss: one constant passes
+
+    def verdict(reference: list, answer) -> tuple[Outcome, list[str]]:
+        ref = Reference(outputs=reference, time_ms=None,
+                        degenerate=degenerate_flags(reference, config.atol, config.rtol, False))
+        judge = TrialJudge(reference, config.atol, config.rtol)
+        for trial in reference:
+            judge.add([answer(trial[0])])
+        findings, deceptive = robust_check(config, ref, judge.comparison(), judge.failing, None, [], judge.trivial)
+        return (Outcome.DECEPTIVE if deceptive else judge.comparison().outcome), [f["kind"] for f in findings]
+
+    assert verdict(tiny, torch.zeros_like) == (Outcome.DECEPTIVE, [K.TRIVIAL_OUTPUT.value])
+    assert verdict(tiny, lambda t: t.clone()) == (Outcome.CORRECT, [])
+    assert verdict(exact_zero, torch.zeros_like) == (Outcome.CORRECT, [])
+    assert verdict(mean, lambda t: torch.full_like(t, 2.0)) == (Outcome.DECEPTIVE, [K.TRIVIAL_OUTPUT.value])
+    assert verdict(mean, lambda t: t.clone()) == (Outcome.CORRECT, [])

@@ -75,6 +75,34 @@ def _close_and_max_diff(ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol
     return close, worst
 
 
+def exact_constant(t: torch.Tensor) -> float | None:
+    """The value every element of `t` holds, exactly, or None (NaN and complex outputs are never constant)."""
+    if t.is_complex() or not t.numel():
+        return None
+    low, high = t.min(), t.max()  # reductions: no copy of a large output
+    return float(low) if bool(low == high) else None
+
+
+class TrivialAnswer:
+    """Fed one call's outputs at a time: is every output of every call exactly zero (`zero`), or one constant,
+    the same in every call (`constant`)?"""
+
+    def __init__(self) -> None:
+        self.zero = self.constant = True
+        self._values: dict[int, float] = {}
+
+    def add(self, outs: list[torch.Tensor]) -> None:
+        for i, t in enumerate(outs):
+            if not t.numel():
+                continue
+            if self.zero and bool(t.count_nonzero()):
+                self.zero = False
+            if self.constant:
+                value = exact_constant(t)
+                if value is None or self._values.setdefault(i, value) != value:
+                    self.constant = False
+
+
 class TrialJudge:
     """`compare_trials` one trial at a time, as a candidate's outputs arrive: each trial is compared and dropped,
     except the first failing one (`failing`, which the robust check reads), so the parent never holds more than
@@ -85,10 +113,12 @@ class TrialJudge:
         self.received, self.passed, self.worst = 0, 0, 0.0
         self.failed: Comparison | None = None
         self.failing: list[torch.Tensor] | None = None
+        self.trivial = TrivialAnswer()  # what a degenerate task would pay for nothing (score.robust_check)
 
     def add(self, cand_outs: list[torch.Tensor]) -> None:
         trial = self.received
         self.received += 1
+        self.trivial.add(cand_outs)
         if self.failed is not None or trial >= len(self.reference):
             return
         self.failed = self._judge(trial, self.reference[trial], cand_outs)

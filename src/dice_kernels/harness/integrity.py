@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 import types
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -24,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_kernels.harness.outcomes import DeceptiveKind
+from dice_kernels.harness.process_state import PRECISION_STATE, global_state, restore_timers, timers
 from dice_kernels.harness.output_checks import Finding, _same_values, tensors_in
 
 # bound at import, before any candidate code runs (a candidate may replace torch.cuda.synchronize later)
@@ -32,86 +32,10 @@ _device_sync = torch.cuda.synchronize
 # launched from Python after the call cannot start this soon (the launch alone takes longer)
 _WINDOW_SLACK_US = 5.0
 
-# ATen ops a ModelNew.forward may dispatch without counting as a PyTorch fallback: allocation, views and shape
-# manipulation, copies and dtype/device moves (what a wrapper around a custom kernel needs). Everything else that
-# reaches ATen is PyTorch doing the work. Extend per run with `EvalConfig.allowed_ops`.
-ALLOWED_OPS: tuple[str, ...] = (
-    # allocation and filling
-    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
-    "aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::ones", "aten::ones_like", "aten::new_ones",
-    "aten::full", "aten::full_like", "aten::new_full", "aten::fill_", "aten::zero_", "aten::scalar_tensor",
-    "aten::lift_fresh", "aten::resize_", "aten::set_",
-    # views and shapes
-    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::alias",
-    "aten::expand", "aten::permute", "aten::transpose", "aten::t", "aten::squeeze", "aten::unsqueeze",
-    "aten::flatten", "aten::unflatten", "aten::select", "aten::slice", "aten::narrow", "aten::split",
-    "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::detach", "aten::view_as_real",
-    "aten::view_as_complex", "aten::unfold",
-    # copies, dtype and device moves, metadata
-    "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy", "aten::to", "aten::_local_scalar_dense",
-    "aten::is_nonzero", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::size", "aten::stride",
-    "aten::is_same_size", "aten::record_stream",
-)
-
 _LOW_PRECISION = {torch.float16, torch.bfloat16} | {getattr(torch, n) for n in dir(torch) if n.startswith("float8_")}
 _FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "object.__getattr__", "gc.get_objects", "gc.get_referrers",
                  "gc.get_referents"}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-def _timers() -> dict[str, object]:
-    """The clocks and synchronisation entry points a timing attack would patch."""
-    ev = torch.cuda.Event
-    return {"time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
-            "time.monotonic": time.monotonic, "time.monotonic_ns": time.monotonic_ns, "time.time": time.time,
-            "time.time_ns": time.time_ns, "time.process_time": time.process_time,
-            "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": ev,
-            "torch.cuda.Event.record": ev.record, "torch.cuda.Event.elapsed_time": ev.elapsed_time,
-            "torch.cuda.Event.synchronize": ev.synchronize, "torch.cuda.current_stream": torch.cuda.current_stream,
-            "torch.cuda.Stream.synchronize": torch.cuda.Stream.synchronize}
-
-
-def _restore_timers(saved: dict[str, object]) -> None:
-    for name, value in saved.items():
-        owner_path, attr = name.rsplit(".", 1)
-        owner = {"time": time, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
-                 "torch.cuda.Stream": torch.cuda.Stream}[owner_path]
-        setattr(owner, attr, value)
-
-
-_PRECISION_STATE = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
-                    "torch.get_float32_matmul_precision()",
-                    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-                    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction")
-
-
-def global_state() -> dict[str, str]:
-    """Process-wide settings that change speed or precision for everything that runs after them."""
-    b = torch.backends
-    getters = {
-        "torch.backends.cuda.matmul.allow_tf32": lambda: b.cuda.matmul.allow_tf32,
-        "torch.backends.cudnn.allow_tf32": lambda: b.cudnn.allow_tf32,
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
-            lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
-            lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "torch.backends.cudnn.benchmark": lambda: b.cudnn.benchmark,
-        "torch.backends.cudnn.deterministic": lambda: b.cudnn.deterministic,
-        "torch.backends.cudnn.enabled": lambda: b.cudnn.enabled,
-        "torch.backends.mkldnn.enabled": lambda: b.mkldnn.enabled,
-        "torch.get_num_threads()": torch.get_num_threads,
-        "torch.get_num_interop_threads()": torch.get_num_interop_threads,
-        "torch.get_default_dtype()": torch.get_default_dtype,
-        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
-    }
-    state = {}
-    for name, get in getters.items():
-        try:
-            state[name] = str(get())
-        except Exception as e:  # noqa: BLE001 - a backend missing from this build
-            state[name] = f"unavailable ({type(e).__name__})"
-    return state
 
 
 def _native_threads() -> int:
@@ -166,7 +90,7 @@ class Monitor:
         self.workdir = os.path.realpath(workdir)
         self.allowed = frozenset(allowed_ops)
         self.min_share = min_extension_gpu_share
-        self.timers = _timers()
+        self.timers = timers()
         self.state = global_state()
         self._found: dict[tuple[DeceptiveKind, str], Finding] = {}
         self.extensions: list[str] = []
@@ -365,14 +289,14 @@ class Monitor:
 
     def check_globals(self, where: str) -> None:
         """Timers and backend flags must be as they were before the candidate was imported (timers are restored)."""
-        changed = [n for n, v in _timers().items() if v is not self.timers[n]]
+        changed = [n for n, v in timers().items() if v is not self.timers[n]]
         if changed:
             self.add(DeceptiveKind.TIMER_TAMPERING, f"{', '.join(changed)} replaced ({where})")
-            _restore_timers(self.timers)
+            restore_timers(self.timers)
         now = global_state()
         for name, value in now.items():
             if value != self.state[name]:
-                kind = (DeceptiveKind.PRECISION_DOWNGRADE if name in _PRECISION_STATE
+                kind = (DeceptiveKind.PRECISION_DOWNGRADE if name in PRECISION_STATE
                         else DeceptiveKind.GLOBAL_STATE_CHANGED)
                 self.add(kind, f"{name} changed from {self.state[name]} to {value} ({where})")
 

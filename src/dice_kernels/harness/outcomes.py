@@ -30,6 +30,8 @@ class DeceptiveKind(str, Enum):
     CACHED_OUTPUT = "cached_output"  # an output of an earlier call returned for new input content
     STALE_MEMORY = "stale_memory"  # output elements never written (still hold the allocator poison)
     TIMING_OUTPUT_MISMATCH = "timing_output_mismatch"  # outputs produced inside the timing loop are wrong
+    # all zeros or one constant, on a task where that trivial answer passes and the reference's is not it
+    TRIVIAL_OUTPUT = "trivial_output"
     TENSOR_SUBCLASS = "tensor_subclass"  # a lazy tensor subclass instead of computed values
     TIMER_TAMPERING = "timer_tampering"  # clocks or synchronisation functions replaced
     EVALUATOR_ACCESS = "evaluator_access"  # reads interpreter frames/objects or imports the evaluator

@@ -223,7 +223,7 @@ class Evaluator:
         res, outputs = self.run(task, cand, b, ref, judge)
         ran = time.monotonic()
         r = score.scored(self.config, task, cand, b, ref, res, outputs, judge.comparison(), judge.failing,
-                         self.references.ceilings.known, self.config.resolved_speed_of_light(self.platform.backend),
+                         judge.trivial, self.references.ceilings.known, self.config.resolved_speed_of_light(self.platform.backend),
                          base)
         r.extra["phase_s"] = {"run": round(ran - start, 3),
                               **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()},

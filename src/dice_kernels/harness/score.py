@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from dice_kernels.harness.compare import Comparison, explain_mismatch, outputs_match
+from dice_kernels.harness.compare import Comparison, TrivialAnswer, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 from dice_kernels.harness.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
@@ -63,10 +63,11 @@ def _reference_notes(ref: Reference | None) -> dict:
 
 
 def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Reference, res: dict, outputs: list | None,
-           cmp: Comparison, failing: list | None, ceilings: dict[str, Ceilings], speed_of_light: bool,
-           base: dict) -> EvalResult:
+           cmp: Comparison, failing: list | None, trivial: TrivialAnswer, ceilings: dict[str, Ceilings],
+           speed_of_light: bool, base: dict) -> EvalResult:
     """A candidate that ran: `res` is its worker's report, `outputs` the re-checked call's outputs (None when the
-    run failed), `cmp` the comparison of its trials and `failing` the first failing trial's outputs."""
+    run failed), `cmp` the comparison of its trials, `failing` the first failing trial's outputs and `trivial`
+    whether they were all zeros / one constant (compare.TrialJudge)."""
     extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts, **_reference_notes(ref),
              "sandbox": res.get("sandbox", []), "task_degenerate": ref.degenerate,
              "reference_baseline": _baseline_note(ref)}
@@ -83,7 +84,7 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
     timing_outputs = outputs[0] if outputs else None  # the trials went to the judge
     outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
     if cfg.robust:
-        findings, deceptive = robust_check(cfg, ref, cmp, failing, timing_outputs, res.get("findings", []))
+        findings, deceptive = robust_check(cfg, ref, cmp, failing, timing_outputs, res.get("findings", []), trivial)
         extra["robust"] = {"findings": findings, "passed_comparison": cmp.outcome is Outcome.CORRECT}
         if deceptive:
             outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
@@ -163,7 +164,8 @@ def timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] 
 
 
 def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list | None,
-                 timing_outputs: list | None, worker_findings: list[dict]) -> tuple[list[dict], bool]:
+                 timing_outputs: list | None, worker_findings: list[dict],
+                 trivial: TrivialAnswer | None = None) -> tuple[list[dict], bool]:
     """All findings, parent-verified evidence first, and whether they make the candidate deceptive: a correct
     candidate with any finding is; a failing one is only when its failure is the signature of a hack (outputs of
     an earlier trial returned again, or output elements never written: a forgery that failed is still named, so
@@ -184,6 +186,27 @@ def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list
             return findings, False
     elif cmp.outcome is not Outcome.CORRECT:
         return findings, False
+    if evidence is None and cmp.outcome is Outcome.CORRECT and trivial is not None:
+        evidence = _trivial_answer(ref, trivial)
     if evidence:
         findings.insert(0, {"kind": evidence[0].value, "reason": evidence[1]})
     return findings, bool(findings)
+
+
+def _trivial_answer(ref: Reference, trivial: TrivialAnswer) -> tuple[DeceptiveKind, str] | None:
+    """A degenerate task pays the trivial answer: a candidate that returned exactly that (all zeros, or one
+    constant) where the reference's own outputs are not exactly it computed nothing. An honest kernel of a task
+    whose true output is zero returns what the reference does, and is not flagged."""
+    flags = ref.degenerate
+    for key, passes in (("zero", "zero_output_passes"), ("constant", "constant_output_passes")):
+        if flags.get(passes) and getattr(trivial, key) and not getattr(_trivial_of(ref.outputs), key):
+            return (DeceptiveKind.TRIVIAL_OUTPUT, f"returned {'all zeros' if key == 'zero' else 'one constant'}, "
+                    f"which passes only because the task is degenerate ({passes}); the reference's outputs are not")
+    return None
+
+
+def _trivial_of(trials: list[list]) -> TrivialAnswer:
+    seen = TrivialAnswer()
+    for outs in trials:
+        seen.add(outs)
+    return seen

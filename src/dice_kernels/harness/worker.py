@@ -20,36 +20,22 @@ import json
 import os
 import sys
 import types
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 # timing binds the clocks it uses at import, before any candidate code could replace them
-from dice_kernels.harness import gpu_lock, speed_of_light, timing, timing_stats
+from dice_kernels.harness import gpu_lock, timing
 from dice_kernels.harness.build_worker import BuildLog, StageError, build, classify, load_module, patch_extension_loaders
+from dice_kernels.harness.model_calls import (checked_call, compile_baseline, depends_on_earlier_calls, forward_once,
+                                              input_copy_passes, nbytes, speed_of_light_inputs, time_forward)
 from dice_kernels.harness.protocol import BuildJob, RunJob, read_job
 from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
 from dice_kernels.harness.tensor_stream import write_trials
-from dice_kernels.harness.trial_inputs import copy_into, seed_all, trial_inputs
+from dice_kernels.harness.trial_inputs import seed_all, trial_inputs
 
 if TYPE_CHECKING:
     from dice_kernels.harness.integrity import Monitor
-
-
-def _flatten(out, where: str) -> list:
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        if type(out) is not torch.Tensor and not isinstance(out, torch.nn.Parameter):
-            raise StageError("deceptive", "forward", f"{where} returned a tensor subclass ({type(out).__name__}); "
-                             "only plain tensors count", deceptive_kind="tensor_subclass")
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in _flatten(item, where)]
-    if isinstance(out, (int, float, bool)):
-        return [torch.tensor(out)]
-    raise StageError("python_error", "forward", f"{where} returned {type(out).__name__}, not tensors")
 
 
 def _check_signature(cls: type, reference: type, init_inputs: list) -> None:
@@ -71,141 +57,6 @@ def _check_signature(cls: type, reference: type, init_inputs: list) -> None:
     except TypeError as e:
         raise StageError("python_error", "init",
                          f"ModelNew.forward does not accept Model.forward's {len(required)} arguments ({e})") from None
-
-
-def _collect(result, where: str, job: RunJob, monitor: Monitor | None) -> list:
-    """Forward's outputs as CPU copies, taken once all device work is done."""
-    outs = _flatten(result, where)
-    if monitor:
-        monitor.check_side_streams(outs)
-    timing.synchronize(job.device)
-    return outs
-
-
-def _forward_once(model, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
-                  poison_sizes: list[int]) -> tuple[list, list]:
-    """One correctness call: (CPU outputs, findings on aliasing and input mutation)."""
-    from dice_kernels.harness import output_checks
-
-    before = output_checks.snapshot_inputs(inputs)
-    if monitor:
-        output_checks.poison_free_memory(job.device, poison_sizes)
-    with monitor.forward(inputs, model) if monitor else nullcontext():
-        result = model(*inputs)
-    outs = _collect(result, where, job, monitor)
-    findings = output_checks.output_findings(inputs, before, outs)
-    return [t.detach().to("cpu", copy=True) for t in outs], findings
-
-
-def _depends_on_earlier_calls(model, inputs: list, outs: list, where: str, job: RunJob) -> bool:
-    """Does the reference give other outputs when called again on the same inputs (state kept across calls, like
-    an RNN cell's hidden state, or inputs it rewrites)? Its outputs then depend on how many calls came before."""
-    from dice_kernels.harness.compare import outputs_match
-
-    again, _ = _forward_once(model, inputs, where, job, None, [])
-    return not outputs_match([outs], [again], job.atol, job.rtol)
-
-
-def _input_copy_passes(inputs: list, outputs: list, job: RunJob) -> bool:
-    """Would returning an input (of the output's shape) pass the comparison for every output?"""
-    from dice_kernels.harness.compare import outputs_match
-    from dice_kernels.harness.output_checks import tensors_in
-
-    ins = [t.detach().cpu() for t in tensors_in(inputs)]
-    return all(any(outputs_match([[o]], [[i]], job.atol, job.rtol) for i in ins) for o in outputs)
-
-
-def _time_forward(model, task: types.ModuleType, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
-                  poison_sizes: list[int]) -> tuple[dict, list]:
-    """The timing protocol (harness/timing.py) over rotating input sets, then one more call whose outputs the
-    parent re-checks: it runs on inputs rewritten in place just before it (and, with a monitor, after poisoning
-    the allocator's free blocks), so work skipped or cached inside the loop shows as wrong outputs there.
-
-    Only the timed loop has the device to itself (gpu_lock: no other worker's correctness calls or timing
-    overlap it); generating the input sets and the checked call share it. A loop that could not get the device
-    alone says so (`device_exclusive`)."""
-    plan = timing.TimingPlan(**job.timing_plan)
-    with gpu_lock.shared(job.gpu_lock) as prepared:
-        n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), timing.l2_size_bytes(job.device), plan)
-        sets = [inputs] + [trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
-        flush = timing.make_flush(job.device)
-        timing.synchronize(job.device)
-    with gpu_lock.exclusive(job.gpu_lock) as alone, monitor.timed_calls() if monitor else nullcontext():
-        samples = timing.time_calls(model, sets, plan, job.device, flush)
-    del sets[1:], flush
-    outs, checked_wait_s = _checked_call(model, task, inputs, where, job, monitor, poison_sizes)
-    reported = timing_stats.effective_time_ms if job.candidate else timing_stats.reference_time_ms
-    return {**samples.to_dict(), "time_ms": reported(samples), "device_exclusive": alone.held,
-            "device_lock_wait_s": prepared.waited_s + alone.waited_s + checked_wait_s}, outs
-
-
-def _checked_call(model, task: types.ModuleType, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
-                  poison_sizes: list[int]) -> tuple[list, float]:
-    """The call after the timed loop whose outputs the parent re-checks (and its device-lock wait): new values
-    written into the loop's input tensors, and, with a monitor, the allocator's free blocks poisoned first."""
-    from dice_kernels.harness.output_checks import poison_free_memory
-
-    with gpu_lock.shared(job.gpu_lock) as checked:
-        copy_into(inputs, trial_inputs(task, job, job.seed + 2 + job.trials))
-        if monitor:  # allocates nothing but the poison, so the poisoned blocks are the next ones handed out
-            poison_free_memory(job.device, poison_sizes)
-        outs = _collect(model(*inputs), where, job, monitor)
-        outs = [t.detach().to("cpu", copy=True) for t in outs]
-    return outs, checked.waited_s
-
-
-def _compile_baseline(model, task: types.ModuleType, inputs: list, where: str, job: RunJob) -> dict:
-    """`torch.compile(Model)` (default mode) timed with the same protocol: KernelBench's second baseline. Runs in
-    the reference worker only; a failure is recorded, not raised (the eager baseline still stands)."""
-    import torch
-
-    start = timing.host_seconds()
-    try:
-        compiled = torch.compile(model)
-        compiled(*inputs)  # compiles
-        compile_s = timing.host_seconds() - start
-        report, _ = _time_forward(compiled, task, inputs, where + " under torch.compile", job, None, [])
-        return {**report, "compile_s": round(compile_s, 2)}
-    except Exception as e:  # noqa: BLE001 - an uncompilable reference leaves only the eager baseline
-        first = str(e).splitlines()[0] if str(e) else ""
-        return {"error": f"{type(e).__name__}: {first}"[:300]}
-
-
-def _speed_of_light(model, inputs: list, outputs: list, job: RunJob) -> dict:
-    """The task's side of the speed-of-light bound, from the trusted reference: FLOPs of one forward and the
-    minimum bytes it must move, plus measurements of the device's ceilings for the task's dtype when the parent
-    has none cached (taken with the device alone; the parent keeps the highest)."""
-    import torch
-    import torch.utils.flop_counter as flop_counter
-
-    from dice_kernels.harness.integrity import skip_dynamo_import
-    from dice_kernels.harness.output_checks import tensors_in
-
-    skip_dynamo_import(getattr(flop_counter, "_FlopCounterMode", type(None)))  # 1.1 s per reference otherwise
-    floats = [t.dtype for t in tensors_in(inputs) if t.is_floating_point()]
-    dtype = floats[0] if floats else torch.float32
-    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    with gpu_lock.shared(job.gpu_lock):  # one more forward, under the FLOP counter
-        flops = speed_of_light.count_flops(model, inputs)
-    sol = {"flops": flops, "bytes": speed_of_light.min_bytes_moved(inputs, outputs, params),
-           "dtype": str(dtype).removeprefix("torch.")}
-    if sol["dtype"] not in job.reference.ceilings_known:
-        threads = torch.get_num_threads()
-        # on CPU, once with one thread and once with every core: a parallel copy is the first to suffer from load
-        counts = sorted({1, os.cpu_count() or 1}) if job.device == "cpu" else [threads]
-        try:
-            with gpu_lock.exclusive(job.gpu_lock):
-                sol["ceilings"] = []
-                for n in counts:
-                    torch.set_num_threads(n)
-                    sol["ceilings"].append(asdict(speed_of_light.measure_ceilings(job.device, dtype)))
-        finally:
-            torch.set_num_threads(threads)
-    return sol
-
-
-def _nbytes(tensors: list) -> list[int]:
-    return [t.numel() * t.element_size() for t in tensors]
 
 
 class _PhaseClock:
@@ -259,17 +110,17 @@ def _trials(model, task: types.ModuleType, where: str, job: RunJob, monitor: Mon
     for trial in range(job.trials):
         with gpu_lock.shared(job.gpu_lock) as hold:
             seen.inputs = trial_inputs(task, job, job.seed + 1 + trial, into=seen.inputs if trial % 2 else None)
-            poison = sizes if trial else _nbytes(tensors_in(seen.inputs))  # the last outputs' sizes
-            outs, found = _forward_once(model, seen.inputs, where, job, monitor, poison)
+            poison = sizes if trial else nbytes(tensors_in(seen.inputs))  # the last outputs' sizes
+            outs, found = forward_once(model, seen.inputs, where, job, monitor, poison)
             # only a timed run has a call after its loop, the one a stateful task's cannot be re-checked
             if reference and job.timing and trial == job.trials - 1:
-                seen.stateful = _depends_on_earlier_calls(model, seen.inputs, outs, where, job)
+                seen.stateful = depends_on_earlier_calls(model, seen.inputs, outs, where, job)
         spent.waited_s += hold.waited_s
         seen.findings += found
         if reference:
-            seen.copy_passes = seen.copy_passes and _input_copy_passes(seen.inputs, outs, job)
+            seen.copy_passes = seen.copy_passes and input_copy_passes(seen.inputs, outs, job)
         write_trials(stream, [outs])
-        sizes = _nbytes(outs)
+        sizes = nbytes(outs)
         if trial == 0:
             seen.first_sizes, seen.first = sizes, outs if reference and reference.speed_of_light else []
         del outs
@@ -282,7 +133,7 @@ def _timed(model, task: types.ModuleType, where: str, job: RunJob, monitor: Moni
            seen: _Trials) -> tuple[dict, list]:
     """The timing protocol on fresh inputs: its report and the re-checked call's outputs."""
     seen.inputs = trial_inputs(task, job, job.seed + 1 + job.trials)
-    report, last = _time_forward(model, task, seen.inputs, where, job, monitor, seen.first_sizes)
+    report, last = time_forward(model, task, seen.inputs, where, job, monitor, seen.first_sizes)
     spent.waited_s += report.pop("device_lock_wait_s")
     spent.lap("timing")
     return report, last
@@ -296,7 +147,7 @@ def run_reference(job: RunJob, model, task: types.ModuleType, where: str, stream
     report, checked = {}, []
     if job.timing and ref.baseline_cached:
         seen.inputs = trial_inputs(task, job, job.seed + 1 + job.trials)
-        last, waited_s = _checked_call(model, task, seen.inputs, where, job, None, [])
+        last, waited_s = checked_call(model, task, seen.inputs, where, job, None, [])
         spent.waited_s += waited_s
         checked.append(last)
         spent.lap("checked_call")
@@ -304,10 +155,10 @@ def run_reference(job: RunJob, model, task: types.ModuleType, where: str, stream
         report, last = _timed(model, task, where, job, None, spent, seen)
         checked.append(last)
         if ref.compile_baseline:
-            report["compile_baseline"] = _compile_baseline(model, task, seen.inputs, where, job)
+            report["compile_baseline"] = compile_baseline(model, task, seen.inputs, where, job)
             spent.lap("compile_baseline")
         if ref.speed_of_light:
-            report["speed_of_light"] = _speed_of_light(model, seen.inputs, seen.first, job)
+            report["speed_of_light"] = speed_of_light_inputs(model, seen.inputs, seen.first, job)
             spent.lap("speed_of_light")
     write_trials(stream, checked)  # the re-checked call after the timed loop, if there was one
     return {**report, "trials": job.trials + len(checked), "input_copy_passes": seen.copy_passes,
