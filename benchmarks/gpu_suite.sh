@@ -11,31 +11,31 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-out=${1:-gpu-results-$commit-$(date -u +%Y%m%d-%H%M)}
-mkdir -p "$out"
+results=${1:-gpu-results-$commit-$(date -u +%Y%m%d-%H%M)}
+mkdir -p "$results"
 limit=${STEP_LIMIT_S:-1800}
 data=../shared/data
 
 { echo "commit $commit"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   echo "cores $(nproc)"; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-  nvcc --version | tail -1; } > "$out/machine.txt" 2>&1
+  nvcc --version | tail -1; } > "$results/machine.txt" 2>&1
 
-step() {  # name, then the command; its output goes to $out/<name>.log
+step() {  # name, then the command; its output goes to $results/<name>.log
   local name=$1; shift
   case " ${SKIP:-} " in *" $name "*) echo "$name: skipped (SKIP)"; return;; esac
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
-  echo "$name: exit $? in $((SECONDS - t0)) s ($out/$name.log)"
+  timeout "$limit" "$@" > "$results/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s ($results/$name.log)"
 }
 needs_data() { [ -d "$data" ] || { echo "$1: skipped ($data not found)"; return 1; }; }
 
-step tests python3 -m pytest -q -rs -m gpu tests/ --junitxml="$out/tests.xml"
-step examples python3 -m dice_kernels eval --example --backend cuda --out "$out/examples" --no-progress
-step profiler_startup python3 benchmarks/profiler_startup.py --rounds 1 --out "$out/profiler_startup.json"
-step decode_throughput python3 benchmarks/decode_throughput.py --out "$out/decode_throughput.json"
-step sft_step python3 benchmarks/sft_step.py --out "$out/sft_step.json"
+step tests python3 -m pytest -q -rs -m gpu tests/ --junitxml="$results/tests.xml"
+step examples python3 -m dice_kernels eval --example --backend cuda --out "$results/examples" --no-progress
+step profiler_startup python3 benchmarks/profiler_startup.py --rounds 1 --out "$results/profiler_startup.json"
+step decode_throughput python3 benchmarks/decode_throughput.py --out "$results/decode_throughput.json"
+step sft_step python3 benchmarks/sft_step.py --out "$results/sft_step.json"
 needs_data throughput && step throughput python3 benchmarks/eval_throughput.py --data "$data" \
-    --evaluators ours --tasks 4 --per-task 12 --kb-subset 48 --out "$out/eval_throughput.json"
+    --evaluators ours --tasks 4 --per-task 12 --kb-subset 48 --out "$results/eval_throughput.json"
 needs_data timing_stability && step timing_stability python3 benchmarks/timing_stability.py \
-    --pairs "$data/corpora/dice_infill_eval_99.json" --try-pairs 26 --concurrency 4 --out "$out/timing_stability.json"
-echo "results in $out/"
+    --pairs "$data/corpora/dice_infill_eval_99.json" --try-pairs 26 --concurrency 4 --out "$results/timing_stability.json"
+echo "results in $results/"
