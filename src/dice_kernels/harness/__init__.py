@@ -5,7 +5,16 @@ filter and the benchmark, so nothing here trusts candidate code."""
 from dice_kernels.harness.candidate import Candidate, candidate_from_text, extract_code, load_candidate
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import EvalResult, Outcome
-from dice_kernels.harness.runner import Evaluator, evaluate
 
 __all__ = ["Candidate", "EvalConfig", "EvalResult", "Evaluator", "Outcome", "candidate_from_text", "evaluate",
            "extract_code", "load_candidate"]
+
+
+def __getattr__(name: str):
+    # the session and its scheduler load torch and every parent-side module: imported on first use, so a worker
+    # (which imports this package for its own modules) and `dice --help` do not pay for them
+    if name in ("Evaluator", "evaluate"):
+        from dice_kernels.harness import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'dice_kernels.harness' has no attribute {name!r}")
