@@ -65,7 +65,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
         trajs = [r.trajectory for r in step.last_rollouts]
         began = time.monotonic()
-        upd = step.update_policy([(t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs)
+        upd = step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
         result.update(update_s=time.monotonic() - began, update_forced=True, loss=upd["loss"], kl=upd["kl"],
                       grad_norm=upd["grad_norm"], trained_rollouts=len(trajs))
         result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
 from conftest import EXAMPLES
 from test_rl_loop import _toy_tokenizer
 
@@ -72,3 +73,65 @@ sigkill_after_step = 2
     state = json.loads((out / "checkpoints" / "step-00000003" / "train_state.json").read_text())
     assert state["curricula"]["e2e"]["position"] == 6  # 3 steps x 2 tasks: the curriculum went on where it stopped
     assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
+
+
+_WORKER = '''
+import sys
+import torch
+sys.path.insert(0, {tests!r})
+from model_fixtures import VOCAB, tiny_model
+from dice_kernels.model.tokenizer import load_tokenizer
+from dice_kernels.sampling.decoder import SamplingConfig, decode
+from dice_kernels.train.config import OptimConfig, ParallelConfig
+from dice_kernels.train.distributed import init_distributed, parallelize, shutdown
+from dice_kernels.train.optim import build_optimizer
+from dice_kernels.train.rl import RLStep, RolloutConfig, UpdateConfig
+from dice_kernels.train.tracerl import Trajectory
+
+dist = init_distributed("cpu")
+model = tiny_model(0)
+initial = {{k: v.clone() for k, v in model.state_dict().items()}}
+g = torch.Generator().manual_seed(0)
+prompts = [torch.randint(5, VOCAB - 1, (n,), generator=g).tolist() for n in (3, 6, 9, 4, 7, 5, 8, 2)]
+out = decode(model, prompts, SamplingConfig(max_new_tokens=9, temperature=1.0, strategy="dynamic", seed=0), [7])
+trajs = [Trajectory(p, t, s) for p, t, s in zip(prompts, out.tokens, out.unmask_steps)]
+advantages = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25]
+mine = range(8) if dist.world_size == 1 else (range(0, 5) if dist.rank == 0 else range(5, 8))  # 3 vs 2 micro-batches
+parallelize(model, model.model.layers, ParallelConfig(), dist.device, forward_methods=("hidden_states",))
+optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_fraction=0.0))
+step = RLStep(model, optimizer, load_tokenizer({tok!r}), None, RolloutConfig(tasks_per_step=2, group=4),
+              UpdateConfig(micro_rows=2, updates_per_step=2), 1.0, "dense", "cpu", dist)
+stats = step.update_policy([(i, trajs[i], advantages[i]) for i in mine], trajs[0])
+full = {{k: v.full_tensor() for k, v in model.state_dict().items()}}
+if dist.is_main:
+    moved = max(float((full[k] - initial[k]).abs().max()) for k in full)
+    torch.save({{"weights": full, "stats": stats, "moved": moved}}, {out!r})
+shutdown()
+'''
+
+
+def test_two_ranks_update_like_one(tmp_path):
+    """The same 8 trajectories updated by 1 process, or split 5 / 3 over 2 processes, in two optimizer steps (the
+    second rank has fewer micro-batches in one of them: it runs one with weight 0): the same weights and statistics,
+    up to the order of float sums (Adam's steps divide by |g|: a tiny gradient's noise moves a weight by up to lr)."""
+    import torch
+    from model_fixtures import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path / "tok")
+    results = {}
+    for ranks in (1, 2):
+        script = tmp_path / f"worker{ranks}.py"
+        out = tmp_path / f"out{ranks}.pt"
+        script.write_text(_WORKER.format(tests=str(EXAMPLES.parents[2] / "tests"), tok=str(tmp_path / "tok"),
+                                         out=str(out)))
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               str(ranks), str(script)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[ranks] = torch.load(out, weights_only=False)
+    one, two = results[1], results[2]
+    for name, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], w, rtol=0, atol=1e-5)
+    assert one["moved"] > 5e-5  # Adam moves weights by about lr (1e-4): the tolerance is well below that
+    assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=1e-5, abs=1e-7)
+    assert two["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-5)
+    assert one["stats"]["grad_norm"] > 0

@@ -219,8 +219,8 @@ class RLStep:
         # a task may come twice in one step (the curriculum wraps): groups are per position in the batch
         adv = group_advantages(rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
         t1 = time.monotonic()
-        kept = [(r.trajectory, a) for r, a, k in zip(rollouts, adv.values, adv.kept) if k]
-        upd = self.update_policy(kept, [r.trajectory for r in rollouts])
+        kept = [(first + i, r.trajectory, a) for i, (r, a, k) in enumerate(zip(rollouts, adv.values, adv.kept)) if k]
+        upd = self.update_policy(kept, rollouts[0].trajectory)
         seconds["update"] = time.monotonic() - t1
         groups, dropped, trained, tokens = (int(x) for x in _sum(
             [adv.groups, adv.dropped_groups, len(kept), sum(len(r.trajectory.tokens) for r in rollouts)], self.dist))
@@ -242,58 +242,61 @@ class RLStep:
         return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
-    def update_policy(self, kept: list[tuple[Trajectory, float]], any_trajs: list[Trajectory]) -> dict:
+    def update_policy(self, kept: list[tuple[int, Trajectory, float]], any_traj: Trajectory) -> dict:
         """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_per_step`
-        optimizer steps. Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer
-        micro-batches runs its first one again with weight 0."""
+        optimizer steps over this rank's (global rollout index, trajectory, advantage) rows; optimizer step k takes
+        the rows whose global index is k modulo updates_per_step, so the split does not depend on the ranks.
+        Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer micro-batches runs one
+        of `any_traj` with weight 0."""
         upd, block, device = self.update, self.rollout.block_size, self.dist.device
         stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
-        total_rows = int(_sum([len(kept)], self.dist)[0])
-        if total_rows == 0:  # every group flat on every rank: nothing to learn from this step
+        if _sum([len(kept)], self.dist)[0] == 0:  # every group flat on every rank: nothing to learn from this step
             return stats
-        trajs = [t for t, _ in kept] or any_trajs[:1]
-        adv = torch.tensor([a for _, a in kept] or [0.0], dtype=torch.float32, device=device)
+        trajs = [t for _, t, _ in kept]
+        adv = torch.tensor([a for _, _, a in kept], dtype=torch.float32, device=device)
         # DESIGN §5: each row's sum over its tokens divided by the padded response length (the step's longest
         # response, rounded up to whole blocks), so every row is weighed on one scale
-        norm_len = _max([max(-(-len(t.tokens) // block) * block for t in trajs)], self.dist)[0]
-        parts = [list(range(k, len(trajs), upd.updates_per_step)) for k in range(upd.updates_per_step)]
-        plans = [self._micro_batches([trajs[i] for i in part]) for part in parts]
-        counts = _max([len(p) for p in plans], self.dist)
+        norm_len = _max([max((-(-len(t.tokens) // block) * block for t in trajs), default=0)], self.dist)[0]
+        parts = [[i for i, (gid, _, _) in enumerate(kept) if gid % upd.updates_per_step == k]
+                 for k in range(upd.updates_per_step)]
+        plans = [self._micro_batches([trajs[i] for i in part]) if part else [] for part in parts]
+        counts = [int(c) for c in _max([len(p) for p in plans], self.dist)]
+        part_rows = [int(r) for r in _sum([len(p) for p in parts], self.dist)]
+        dummy = self._micro_batches([any_traj])[0][1]
         old: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for part, plan, count in zip(parts, plans, counts):
-                for j in range(int(count)):
-                    rows, batch = plan[min(j, len(plan) - 1)] if plan else ([], None)
+                for j in range(count):
+                    rows, batch = plan[j] if j < len(plan) else ([], dummy)
                     logp = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
-                    if j < len(plan):
-                        old.update(zip((part[r] for r in rows), torch.split(logp, batch.scored.sum(1).tolist())))
-        weight = float(self.dist.world_size) if kept else 0.0  # FSDP means the ranks' gradients
+                    old.update(zip((part[r] for r in rows), torch.split(logp, batch.scored.sum(1).tolist())))
         losses, kl_sum, clipped, tokens, norms = [], 0.0, 0, 0, []
         self.model.train()
-        for k, (part, plan, count) in enumerate(zip(parts, plans, counts)):
-            part_rows = int(_sum([len(part) if kept else 0], self.dist)[0])
-            total = torch.zeros((), dtype=torch.float64, device=device)
-            for j in range(int(count)):
-                real = j < len(plan)
-                rows, batch = plan[min(j, len(plan) - 1)]
-                self.model.set_requires_gradient_sync(j == count - 1)
+        for part, plan, count, rows_in_step in zip(parts, plans, counts, part_rows):
+            if count == 0:
+                continue
+            total = 0.0
+            for j in range(count):
+                self.model.set_requires_gradient_sync(j == count - 1)  # reduce-scatter once per optimizer step
+                if j >= len(plan):  # this rank has no more rows: a forward and backward that change nothing
+                    (token_logprobs(self.model, dummy, self.attention, self.rollout.temperature).sum() * 0).backward()
+                    continue
+                rows, batch = plan[j]
                 new = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
                 index = [part[r] for r in rows]
-                terms = policy_loss(new, torch.cat([old[i] for i in index]), adv[index] if kept else adv[[0]],
-                                    row_of_scored(batch).to(device), norm_len, max(part_rows, 1), upd.clip,
-                                    upd.kl_beta)
-                (terms.loss * (weight if real else 0.0)).backward()
-                if real:
-                    total += terms.loss.detach()
-                    kl_sum += terms.kl.sum().item()
-                    clipped += int(terms.clipped.sum())
-                    tokens += terms.kl.numel()
+                terms = policy_loss(new, torch.cat([old[i] for i in index]), adv[index],
+                                    row_of_scored(batch).to(device), norm_len, rows_in_step, upd.clip, upd.kl_beta)
+                (terms.loss * self.dist.world_size).backward()  # FSDP means the ranks' gradients
+                total += terms.loss.item()
+                kl_sum += terms.kl.sum().item()
+                clipped += int(terms.clipped.sum())
+                tokens += terms.kl.numel()
             norms.append(clip_grad_norm(self.model, self.grad_clip))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             if self.scheduler is not None:
                 self.scheduler.step()
-            losses.append(_sum([float(total)], self.dist)[0])
+            losses.append(_sum([total], self.dist)[0])
         kl_sum, clipped, tokens = _sum([kl_sum, clipped, tokens], self.dist)
         return {"loss": sum(losses) / len(losses), "kl": kl_sum / max(1, tokens),
                 "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms)}
