@@ -404,7 +404,10 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
         say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
 
     policy = PolicySnapshot(model, param_dtype(cfg.parallel, dist.device), dist.device)
-    rewards = RewardService(cfg.reward, out) if dist.is_main else None
+    try:
+        rewards = RewardService(cfg.reward, out) if dist.is_main else None
+    except ValueError as e:  # EvalConfig.check: e.g. backend cuda without a GPU
+        raise RLError(f"reward: {e}") from None
     ck = cfg.checkpoint
     trainer_state = lambda: {"curricula": {p: c.state_dict() for p, c in curricula.items()},  # noqa: E731
                              "scheduler": scheduler.state_dict()}
