@@ -53,3 +53,26 @@ def test_mixed_curriculum_covers_every_task_once_per_pass_and_is_reproducible():
     assert first[:10] != [t.id for t in tasks] and first[:10] != first[10:20]  # shuffled, and anew each pass
     other = Curriculum(tasks, per_step=4, order="mixed", seed=8)
     assert [t.id for t in other.next_batch()] != first[:4]
+
+
+def test_rewards_binary_and_speed_aware():
+    import math
+
+    from dice_kernels.harness import EvalResult, Outcome
+    from dice_kernels.train.reward import RewardConfig, reward_of
+
+    def result(outcome, ci=None, flags=None, kind=""):
+        extra = {**({"speedup_ci95": ci} if ci else {}), **({"timing_flags": flags} if flags else {})}
+        return EvalResult(task_id="t", candidate_id="c", candidate_sha256="x", outcome=outcome,
+                          correct=outcome is Outcome.CORRECT, deceptive_kind=kind, extra=extra)
+
+    binary, speed = RewardConfig(), RewardConfig(speed_bonus=0.25, speed_bonus_max=0.5)
+    assert not binary.eval_config().timing and speed.eval_config().timing  # timing only when speed counts
+    fast = result(Outcome.CORRECT, ci=[2.0, 2.6])
+    assert reward_of(fast, binary) == 1.0  # DICE: binary
+    assert reward_of(fast, speed) == pytest.approx(1 + 0.25 * math.log2(2.0))  # bonus from the interval's low end
+    assert reward_of(result(Outcome.CORRECT, ci=[64.0, 80.0]), speed) == 1.5  # bounded
+    assert reward_of(result(Outcome.CORRECT, ci=[0.95, 3.0]), speed) == 1.0  # interval does not clear 1
+    assert reward_of(result(Outcome.CORRECT, ci=[2.0, 2.6], flags=["work_escaped_default_stream"]), speed) == 1.0
+    assert reward_of(result(Outcome.DECEPTIVE, ci=[9.0, 9.5], kind="cached_output"), speed) == 0.0
+    assert reward_of(result(Outcome.VALUE_MISMATCH), speed) == 0.0
