@@ -90,7 +90,8 @@ def test_infill_core_extraction():
     cand = response_candidate(_task(), "infill", CUT.core, id="x")
     assert cand.code == PROGRAM  # prefix + core + suffix is the program, byte for byte
     assert response_candidate(_task(), "e2e", PROGRAM, id="y").code == PROGRAM
-    assert "C++" in rollout_prompt(_task(), "infill", "cpu") and CUT.suffix.strip() in rollout_prompt(_task(), "infill", "cpu")
+    prompt = rollout_prompt(_task(), "infill", "cpu")
+    assert "C++" in prompt and CUT.suffix.strip() in prompt and CUT.core not in prompt
 
 
 def test_one_step_end_to_end_with_real_compiled_rewards(tmp_path, build_cache, dist):

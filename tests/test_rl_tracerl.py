@@ -37,7 +37,8 @@ def _naive_states(model, traj: Trajectory):
             ids = torch.tensor([seq[:start] + block])
             pos = torch.arange(ids.shape[1])[None]
             layout = Layout.clean(pos)  # the noisy block is the last one: it sees itself and the clean past
-            mask = dense_mask(block_diffusion_mask_mod(layout, layout, BLOCK), 1, ids.shape[1], ids.shape[1], pos.device)
+            length = ids.shape[1]
+            mask = dense_mask(block_diffusion_mask_mod(layout, layout, BLOCK), 1, length, length, pos.device)
             logits = model(ids, pos, Attention(mask))[0, -BLOCK:].detach().double()
             logits[:, MASK] = float("-inf")
             chosen = [i for i, p in enumerate(span) if p < len(seq) and steps[p] == s]

@@ -45,7 +45,8 @@ class ReplayBatch:
         return self.targets >= 0
 
     def mask_mod(self) -> MaskMod:
-        base, copy, noisy = block_diffusion_mask_mod(self.layout, self.layout, self.block_size), self.copy, self.layout.noisy
+        base = block_diffusion_mask_mod(self.layout, self.layout, self.block_size)
+        copy, noisy = self.copy, self.layout.noisy
 
         def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             # a noisy key is seen only from its own copy (the block rule already limits it to its own block)
