@@ -6,8 +6,8 @@ and flags), and this process then builds the extension once per mode, each into 
 torch's own flags:
 
     own    the candidate's sources as written (KernelBench does this)
-    light  without `#include <torch/extension.h>` (build_speed.light_cuda_sources)
-    lean   light, plus ATen's umbrella headers cut to the operators the sources name (build_speed.lean_cuda_arguments)
+    light  without `#include <torch/extension.h>` (light_headers.light_cuda_sources)
+    lean   light, plus ATen's umbrella headers cut to the operators the sources name (light_headers.lean_cuda_arguments)
 
 It reports, per mode, how many CUDA units compiled and the seconds `nvcc` took for them (ninja's log of the
 `cuda.cuda.o` step, so the C++ unit and the link are left out). On a machine whose torch has no CUDA (the
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dice_kernels.harness.build_speed import lean_cuda_arguments, light_cuda_sources  # noqa: E402
+from dice_kernels.harness.light_headers import lean_cuda_arguments, light_cuda_sources  # noqa: E402
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
 MODES = ("own", "light", "lean")

@@ -1,7 +1,7 @@
 """What `main.cpp` of a `load_inline` build costs against torch's precompiled `torch/extension.h` and against the
 light one (harness/build_speed.py; issue 5), and what building each header costs.
 
-For the first --n DICE pairs whose cpp_sources only declare functions (`build_speed.declarations_only`: the
+For the first --n DICE pairs whose cpp_sources only declare functions (`light_headers.declarations_only`: the
 builds that take the light header), a child process records the solution's `load_inline` arguments; this
 process writes `main.cpp` as `load_inline` does and compiles it (`-c`, torch's flags for the unit) against each
 header in turn, alternating which goes first, --rounds times. Both headers are built first, one after the other,
@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from build_headers import DEFAULT_PAIRS, capture_arguments  # noqa: E402 - benchmarks/ is on sys.path as a script
-from dice_kernels.harness.build_speed import build_pch, declarations_only, pch_file, plan_pch  # noqa: E402
+from dice_kernels.harness.build_speed import build_pch, pch_file, plan_pch  # noqa: E402
+from dice_kernels.harness.light_headers import declarations_only  # noqa: E402
 
 
 def main_unit_text(arguments: dict) -> str:

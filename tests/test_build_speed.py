@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness import EvalConfig, Outcome, evaluate
-from dice_kernels.harness.build_speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, declarations_only,
-                                              lean_aten_headers, light_cuda_sources, light_extension_header,
-                                              normalize_cflags, pch_file, pch_variants, pch_wait_environment, plan_pch,
-                                              planned_pch, read_pch_wait, reporting_nvcc)
+from dice_kernels.harness.build_speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
+                                              pch_file, pch_variants, pch_wait_environment, plan_pch, planned_pch,
+                                              read_pch_wait, reporting_nvcc)
+from dice_kernels.harness.light_headers import (declarations_only, lean_aten_headers, light_cuda_sources,
+                                                light_extension_header)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -95,7 +96,7 @@ inline Tensor var(const Tensor& self, int dim) { return at::var(self, IntArrayRe
 
 
 def test_lean_umbrella_keeps_the_named_operators_and_those_its_own_code_names():
-    from dice_kernels.harness.build_speed import _OPS_INCLUDE, lean_umbrella
+    from dice_kernels.harness.light_headers import _OPS_INCLUDE, lean_umbrella
 
     lean = lean_umbrella(UMBRELLA, _OPS_INCLUDE["Functions.h"], {"relu", "x"})
     assert "#include <ATen/ops/relu.h>" in lean  # named by the sources

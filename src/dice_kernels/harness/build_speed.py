@@ -9,14 +9,14 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
   header, so a mismatch costs time, never correctness. Workers never write it: a shared header is shared code.
 - in the lighter attempt below, `main.cpp` finds a light `torch/extension.h` first: torch's without the C++
   frontend (`torch/all.h`), with its own precompiled header, where the cpp_sources only declare functions
-  (`declarations_only`). The bindings then see the same pybind11 type casters (none is declared in the
+  (`light_headers.declarations_only`). The bindings then see the same pybind11 type casters (none is declared in the
   frontend), and a declaration that names a frontend type fails to compile and falls back.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
-  which kernels rarely use and which more than double nvcc's time. `light_cuda_sources` drops that include;
+  which kernels rarely use and which more than double nvcc's time. `light_headers.light_cuda_sources` drops that include;
   the build worker compiles the light sources first and, on any failure, the candidate's own sources.
 - that unit still parses ATen's umbrella headers, `ATen/Functions.h` and `ATen/NativeFunctions.h`: one
-  `#include <ATen/ops/NAME.h>` per operator (~1,300 each). `lean_aten_headers` writes copies, found before
+  `#include <ATen/ops/NAME.h>` per operator (~1,300 each). `light_headers.lean_aten_headers` writes copies, found before
   torch's, that keep the operators the sources name (and those the umbrella's own code names), and defines
   `AT_PER_OPERATOR_HEADERS` so torch's other headers include exactly the operators they use, as they do when
   torch itself is built. Every name the sources use keeps all its overloads; a name left out fails to compile,
@@ -29,7 +29,6 @@ import hashlib
 import inspect
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -40,6 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from dice_kernels.harness.light_headers import light_extension_header
 
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
 PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
@@ -89,15 +90,6 @@ if [ "$status" -eq 0 ]; then : > cuda_unit_built; else : > cuda_unit_failed; fi
 exit "$status"
 """
 
-_ALL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/all\.h>[ \t]*\n", re.MULTILINE)
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
-# `T name(params)`: a function declaration with no call, body, string or character in it (default arguments are
-# allowed when they call nothing)
-_DECLARATION = re.compile(r"[\w:<>,\s*&]*[\w>*&][\s*&]+\w+\s*\([^(){}\"';]*\)\s*(?:const\s*)?")
-_EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
-_NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
-
-
 def normalize_cflags(flags) -> tuple[str, ...]:
     """extra_cflags as the compiler sees them: torch strips each flag, and empty ones add nothing."""
     if flags is None:
@@ -105,96 +97,6 @@ def normalize_cflags(flags) -> tuple[str, ...]:
     if isinstance(flags, str):
         flags = [flags]
     return tuple(f.strip() for f in flags if str(f).strip())
-
-
-def _texts(sources) -> list[str]:
-    return [sources] if isinstance(sources, str) else list(sources or [])
-
-
-def _needs_full_header(sources) -> bool:
-    """Whether the code visibly uses what only <torch/extension.h> declares (Python bindings, the C++ frontend):
-    no lighter header is tried for it."""
-    return any(_NEEDS_BINDINGS.search(t) for t in _texts(sources))
-
-
-def light_cuda_sources(sources) -> list[str] | None:
-    """`sources` without `#include <torch/extension.h>`, or None when nothing would change or the code
-    visibly needs what only that header declares."""
-    texts = _texts(sources)
-    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or _needs_full_header(texts):
-        return None
-    return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
-            for t in texts]
-
-
-def light_extension_header(text: str) -> str | None:
-    """torch's `torch/extension.h` text without the C++ frontend (its `#include <torch/all.h>`), or None when that
-    include is not there exactly once."""
-    light, n = _ALL_INCLUDE.subn("", text)
-    return light if n == 1 else None
-
-
-def declarations_only(sources) -> bool:
-    """Whether cpp_sources only declare functions (`T name(params);`, comments and preprocessor lines aside). Such
-    code calls nothing and defines nothing, so the light header gives it the same meaning: a type it names from
-    the frontend is not declared there and fails to compile."""
-    for text in _texts(sources):
-        code = "\n".join(line for line in _COMMENT.sub(" ", text).splitlines() if not line.lstrip().startswith("#"))
-        if any(c in code for c in "{}\"'\\"):
-            return False
-        if not all(_DECLARATION.fullmatch(s.strip()) for s in code.split(";") if s.strip()):
-            return False
-    return True
-
-
-_OPS_INCLUDE = {  # ATen umbrella header -> its per-operator include lines (group 1: the operator's name)
-    "Functions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)\.h>[ \t]*$", re.MULTILINE),
-    "NativeFunctions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)_native\.h>[ \t]*$", re.MULTILINE),
-}
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
-
-
-def lean_umbrella(text: str, pattern: re.Pattern, names: set[str]) -> str:
-    """An umbrella header's text with only the per-operator includes whose operator is in `names` or is named by
-    the umbrella's own code (Functions.h defines a few overloads, such as `at::var(self, int dim)`, on top of
-    the operators': leaving their operators out would change which overload a call picks)."""
-    own = set(_IDENTIFIER.findall(pattern.sub("", text)))
-    return pattern.sub(lambda m: m.group(0) if m.group(1) in names or m.group(1) in own else "", text)
-
-
-def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> list[str] | None:
-    """Write the lean umbrella headers for CUDA `sources` under `out_dir/ATen`; returns the extra CUDA flags that
-    use them, or None when torch's umbrellas are not where expected. Every identifier in the sources counts
-    as a name (comments and strings too: an extra operator costs a little time, never a changed meaning)."""
-    if aten_dir is None:
-        import torch
-
-        aten_dir = Path(torch.__file__).parent / "include" / "ATen"
-    names = {n for t in _texts(sources) for n in _IDENTIFIER.findall(t)}
-    try:
-        umbrellas = {name: (aten_dir / name).read_text() for name in _OPS_INCLUDE}
-    except OSError:
-        return None
-    (out_dir / "ATen").mkdir(parents=True, exist_ok=True)
-    for name, text in umbrellas.items():
-        (out_dir / "ATen" / name).write_text(lean_umbrella(text, _OPS_INCLUDE[name], names))
-    return ["-DAT_PER_OPERATOR_HEADERS", f"-I{out_dir}"]
-
-
-def lean_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
-    """`load_inline` arguments for the lean attempt: the light CUDA sources (the candidate's own where there is no
-    include to drop), with the lean umbrellas written under `include_dir` and the flags that use them; None when
-    there are no CUDA sources, the code needs the full header, or torch's umbrellas are not found."""
-    sources = arguments.get("cuda_sources")
-    if not sources or _needs_full_header(sources):
-        return None
-    light = light_cuda_sources(sources)
-    lighter = sources if light is None else light
-    flags = lean_aten_headers(lighter, include_dir)
-    if flags is None:
-        return None
-    return {**arguments, "cuda_sources": lighter,
-            "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []), *flags]}
 
 
 def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:

@@ -145,8 +145,8 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
-    from dice_kernels.harness.build_speed import (declarations_only, lean_cuda_arguments, light_cuda_sources,
-                                                  normalize_cflags, pch_file, pch_wait_environment)
+    from dice_kernels.harness.build_speed import normalize_cflags, pch_file, pch_wait_environment
+    from dice_kernels.harness.light_headers import declarations_only, lean_cuda_arguments, light_cuda_sources
 
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
