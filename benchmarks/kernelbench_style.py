@@ -596,3 +596,32 @@ def rate_per_min(run: KBRun) -> float:
         return 0.0
     seconds = run.precompile_s * run.finished / n + run.baseline_s + run.eval_s
     return 60.0 * run.finished / seconds if seconds > 0 else math.inf
+
+
+def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
+                         device: str = "cuda") -> float:
+    """KernelBench's timing protocol, for comparison with ours (harness/timing.py): the mean of `trials` per-call
+    times on one fixed input set, no flush, CUDA events on the default stream with a synchronize after each
+    (CPU: `perf_counter`)."""
+    import numpy as np
+    import torch
+
+    cuda = str(device).startswith("cuda")
+    for _ in range(warmup):
+        call(*inputs)
+    if cuda:
+        torch.cuda.synchronize(device)
+    times = []
+    for _ in range(trials):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call(*inputs)
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter_ns()
+            call(*inputs)
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+    return float(np.mean(times))

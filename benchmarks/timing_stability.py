@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the pac
 
 from dice_kernels.harness import timing as T  # noqa: E402
 from dice_kernels.harness import timing_stats  # noqa: E402
+from kernelbench_style import kernelbench_style_ms  # noqa: E402 - beside this script
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
 RESULT = "RESULT "  # prefix of the one line a child prints for the parent (pairs print build logs freely)
@@ -192,8 +193,8 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
         flush = T.make_flush(device, flush_cache_bytes)
         ours = {protocol_key(k, i == 0): _ours(ref, new, sets, dataclasses.replace(plan, loops=k), device, flush)
                 for i, k in enumerate(loops)}
-        kb_ref = T.kernelbench_style_ms(ref, sets[0], device=device)
-        kb_new = T.kernelbench_style_ms(new, sets[0], device=device)
+        kb_ref = kernelbench_style_ms(ref, sets[0], device=device)
+        kb_new = kernelbench_style_ms(new, sets[0], device=device)
         probe = _probe(ref, task, sets, plan, device, flush) if probe_variance else None
         T.synchronize(device)
     return {"id": pair_id, "pid": os.getpid(), "set_bytes": set_bytes, **ours,

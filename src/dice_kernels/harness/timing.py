@@ -4,9 +4,9 @@ This module owns the measurement itself and the arithmetic on it, nothing else: 
 pre-generate, the cache flush (and persisting-L2 reset), the GPU lead that keeps host launch latency out of the
 events, the adaptive timed loop with its clocks (per-call CUDA events or `perf_counter`, and the tail per
 iteration: how long every stream and thread the call started ran on after the per-call clock stopped), the
-samples it returns (timing_stats.py holds their statistics; speed_of_light.py the bounds) and the KernelBench-style
-timer kept for comparison. It never imports candidate code, writes files or spawns processes
-(it reads /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
+samples it returns (timing_stats.py holds their statistics, speed_of_light.py the bounds; KernelBench's timer,
+kept for comparison, is benchmarks/kernelbench_style.py's). It never imports candidate code, writes files or spawns
+processes (it reads /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
 
 from __future__ import annotations
@@ -400,28 +400,3 @@ def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
                          clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms,
                          tail_ms=max(0.0, float(np.median(tails)) - noop_tail_ms), sm_clock_mhz=sm_clock_mhz,
                          time_sm_clock_corr=time_sm_clock_corr)
-
-
-def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
-                         device: str | torch.device = "cuda") -> float:
-    """KernelBench's protocol, for comparison only: mean of `trials` per-call times on one fixed input set, no
-    flush, CUDA events on the default stream with a synchronize after each (CPU: `perf_counter`)."""
-    for _ in range(warmup):
-        call(*inputs)
-    synchronize(device)
-    times = []
-    for _ in range(trials):
-        if _is_cuda(device):
-            start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
-            start.record()
-            call(*inputs)
-            end.record()
-            _cuda_sync(torch.device(device))
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = _now_ns()
-            call(*inputs)
-            times.append((_now_ns() - t0) / 1e6)
-    return float(np.mean(times))
-
-
