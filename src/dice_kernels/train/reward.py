@@ -1,19 +1,23 @@
 """The reward service: one harness `Evaluator` kept for a whole RL run (workers, fork server, build cache and
-reference baselines paid once), turning each step's (task, candidate) pairs into rewards, and recording every
-outcome per step in SQLite. Reward = DICE's binary (correct and not deceptive), optionally plus a bounded speed
-bonus when the speedup's 95 % interval clears 1 and no timing flag was raised."""
+reference baselines paid once; or several on a Ray cluster, `reward.fanout = "ray"`), turning each step's (task,
+candidate) pairs into rewards, and recording every outcome per step in SQLite. Reward = DICE's binary (correct and
+not deceptive), optionally plus a bounded speed bonus when the speedup's 95 % interval clears 1 and no timing flag
+was raised."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from dice_kernels.harness import Candidate, EvalConfig, EvalResult, Evaluator, Outcome
 from dice_kernels.tasks import Task
+from dice_kernels.train.config import ConfigError
 
 
 @dataclass
@@ -28,6 +32,23 @@ class RewardConfig:
     cache_dir: str = ""  # harness build cache ("" = the harness default, $DICE_CACHE_DIR or ~/.cache)
     run_timeout_s: float = 60.0
     compile_timeout_s: float = 300.0
+    # where candidates are scored: "local" (one Evaluator in this process) or "ray" (`ray_actors` Evaluators on a
+    # Ray cluster, a step's candidates sharded by task: train/reward_fanout.py, the `ray` extra)
+    fanout: Literal["local", "ray"] = "local"
+    ray_actors: int = 0  # 0: one per GPU of the cluster (cuda), one per node (cpu)
+    ray_address: str = ""  # "": RAY_ADDRESS, else a cluster `ray start` began here, else a local one; "auto"; host:port
+
+    def __post_init__(self) -> None:
+        if self.fanout == "ray" and importlib.util.find_spec("ray") is None:
+            raise ConfigError("reward.fanout=ray needs Ray, which is not installed: pip install 'dice-kernels[ray]'")
+
+    def evaluator(self):
+        """The harness session the run scores with: one `Evaluator` here, or the Ray fan-out of several."""
+        if self.fanout == "ray":
+            from dice_kernels.train.reward_fanout import RayEvaluator
+
+            return RayEvaluator(self.eval_config(), self.ray_actors, self.ray_address)
+        return Evaluator(self.eval_config())
 
     def eval_config(self) -> EvalConfig:
         cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=self.robust, timing=self.speed_bonus > 0,
@@ -70,7 +91,7 @@ class RewardService:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.evaluator = Evaluator(cfg.eval_config())
+        self.evaluator = cfg.evaluator()
         self.db = sqlite3.connect(self.run_dir / "rewards.sqlite")
         self.db.execute("CREATE TABLE IF NOT EXISTS rewards (step INTEGER, rollout INTEGER, task_id TEXT, "
                         "candidate_id TEXT, candidate_sha256 TEXT, outcome TEXT, deceptive_kind TEXT, reward REAL, "
