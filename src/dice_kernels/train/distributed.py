@@ -45,6 +45,10 @@ def init_distributed(device: str = "auto") -> Dist:
 
 def shutdown() -> None:
     if dist.is_initialized():
+        # No rank tears its group down while another still talks to it: on a loaded machine a gloo rank that left
+        # early aborted its peer ("terminate called without an active exception").
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
