@@ -5,14 +5,13 @@ step) for TraceRL and becomes a harness candidate. Infilling candidates are pref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from dice_kernels.data.format import example_cut
 from dice_kernels.data.infill import InfillError, split_program
 from dice_kernels.harness.candidate import Candidate, candidate_from_text, extract_code
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.prompts import (EXAMPLE_MODEL_NEW, EXAMPLE_MODEL_NEW_CPU, SYSTEM_PROMPT, chat_prompt, e2e_user,
-                                  infill_user)
+from dice_kernels.prompts import SYSTEM_PROMPT, chat_prompt, e2e_user, infill_user
 from dice_kernels.sampling.decoder import SamplingConfig, decode
 from dice_kernels.train.curriculum import RLTask
 from dice_kernels.train.tracerl import Trajectory
@@ -30,19 +29,13 @@ class Rollout:
     candidate: Candidate
 
 
-@lru_cache(maxsize=2)
-def _example_cut(backend: str) -> tuple[str, str, str]:
-    s = split_program(EXAMPLE_MODEL_NEW_CPU if backend == "cpu" else EXAMPLE_MODEL_NEW)
-    return s.prefix, s.core, s.suffix
-
-
 def rollout_prompt(task: RLTask, phase: str, backend: str) -> str:
     """The chat prompt of a task: infilling shows prefix and suffix, end-to-end the whole reference. The CPU
     backend asks for C++ (`load_inline` with cpp_sources only): it cannot run CUDA."""
     if phase == "infill":
         if not task.infill:
             raise ValueError(f"task {task.id} has no infilling split (prefix/suffix): use an rl_infill task set")
-        user = infill_user(task.reference, task.prefix, task.suffix, _example_cut(backend), backend)
+        user = infill_user(task.reference, task.prefix, task.suffix, example_cut(backend), backend)
     elif phase == "e2e":
         user = e2e_user(task.reference, backend)
     else:
