@@ -1,7 +1,8 @@
 """The harness's command-line options, one set shared by every command that evaluates (`dice eval`, `dice data
 build`): each flag is its `EvalConfig` field's name (`--run-timeout-s` sets `run_timeout_s`), its default the
 field's default, so a knob has one name and one default from the command line to the worker. `@eval_options`
-adds them to a typer command, which receives the checked `EvalConfig` as `eval_config`."""
+adds them to a typer command, which receives the checked `EvalConfig` as `eval_config`; a value with no meaning
+is one line naming its flag (exit code 2)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ HELP = {
                      "task's reference run when that is longer.",
     "run_timeout_reference_factor": "See --run-timeout-s (tasks whose reference needs minutes).",
     "compile_timeout_s": "Wall-clock seconds for one candidate's build.",
-    "memory_limit_gb": "Host memory limit per worker, GiB (and the most one trial's outputs may take).",
+    "memory_limit_gb": "Host memory limit per worker, GiB (and the most one trial's outputs may take); default: "
+                       "32, at most half of this machine's memory.",
     "output_memory_gb": "Host memory, GiB, this process may hold for tasks' outputs (a task's reference trials and "
                         "its candidates' frames in flight); a task that does not fit beside the others waits its "
                         "turn. 0: half of what is available at the start.",
@@ -67,6 +69,15 @@ HELP = {
                     "that imports it (each is still a fresh process; docs/harness.md).",
 }
 _SHORT = {"jobs": ["-j"]}
+# --help groups the options by what they decide
+_PANELS = {"Correctness": ("backend", "trials", "atol", "rtol", "robust"),
+           "Timing": ("timing", "timing_iters", "timing_max_s", "timing_target_ci", "timing_loops",
+                      "compile_baseline", "speed_of_light", "baselines", "inputs_on_device"),
+           "Limits": ("run_timeout_s", "run_timeout_reference_factor", "compile_timeout_s", "memory_limit_gb",
+                      "output_memory_gb"),
+           "Build and scheduling": ("cache_dir", "fast_build", "jobs", "run_workers", "warm_workers",
+                                    "warm_build_workers", "fork_workers")}
+_PANEL_OF = {name: panel for panel, names in _PANELS.items() for name in names}
 
 
 def _option(name: str) -> tuple[object, object]:
@@ -74,13 +85,14 @@ def _option(name: str) -> tuple[object, object]:
     f = _FIELDS[name]
     default = f.default if f.default is not MISSING else f.default_factory()
     flag = "--" + name.replace("_", "-")
+    panel = {"help": HELP[name], "rich_help_panel": _PANEL_OF[name]}
     if name == "cache_dir":  # resolved from the environment when not given
-        return Optional[Path], typer.Option(None, flag, help=HELP[name])
+        return Optional[Path], typer.Option(None, flag, **panel)
     if name == "jobs":  # machine-dependent: 0 keeps EvalConfig's
-        return int, typer.Option(0, flag, *_SHORT[name], help=HELP[name])
+        return int, typer.Option(0, flag, *_SHORT[name], **panel)
     if isinstance(default, bool):
-        return bool, typer.Option(default, f"{flag}/--no-{flag[2:]}", help=HELP[name])
-    return type(default), typer.Option(default, flag, help=HELP[name])
+        return bool, typer.Option(default, f"{flag}/--no-{flag[2:]}", **panel)
+    return type(default), typer.Option(default, flag, **panel)
 
 
 def eval_options(command: Callable) -> Callable:
@@ -94,8 +106,9 @@ def eval_options(command: Callable) -> Callable:
         added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     added.append(inspect.Parameter(
         "allow_op", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-        default=typer.Option([], "--allow-op", help="An ATen op forward may dispatch without counting as a "
-                             "PyTorch fallback, e.g. aten::mm (repeatable; added to the default allow-list).")))
+        default=typer.Option([], "--allow-op", rich_help_panel="Correctness",
+                             help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. "
+                                  "aten::mm (repeatable; added to the default allow-list).")))
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -110,10 +123,11 @@ def eval_options(command: Callable) -> Callable:
 
 
 def config_from(values: dict, allow_op: list[str]) -> EvalConfig:
-    """The checked EvalConfig of the options' values; typer.BadParameter names the flag of a value that has none."""
+    """The checked EvalConfig of the options' values; a value that has no meaning is one line on stderr naming its
+    flag, and exit code 2."""
     bad = [op for op in allow_op if not op.startswith("aten::")]
     if bad:
-        raise typer.BadParameter(f"takes ATen op names such as aten::mm, not {', '.join(bad)}", param_hint="--allow-op")
+        _fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad)}")
     if not values.get("jobs"):
         values.pop("jobs", None)
     if values.get("cache_dir") is None:
@@ -123,5 +137,10 @@ def config_from(values: dict, allow_op: list[str]) -> EvalConfig:
         config.check()
     except (ValueError, TypeError) as e:
         name = str(e).split()[0]
-        raise typer.BadParameter(str(e), param_hint="--" + name.replace("_", "-") if name in _FIELDS else None) from None
+        _fail(f"--{name.replace('_', '-')} {str(e).split(' ', 1)[1]}" if name in _FIELDS else str(e))
     return config
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)

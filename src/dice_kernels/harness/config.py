@@ -1,9 +1,11 @@
-"""`EvalConfig`: every knob of one evaluation run, in one typed place (the CLI only fills it in)."""
+"""`EvalConfig`: every knob of one evaluation run, in one typed place (the CLI only fills it in), checked when it
+is made (a setting with no meaning is a ValueError naming its field, never a verdict) and frozen after. Machine-
+dependent defaults (builds in flight, host memory per worker) come from the machine, never above what it has."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 # ATen ops a ModelNew.forward may dispatch without counting as a PyTorch fallback: allocation, views and shape
@@ -34,12 +36,28 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "dice-kernels" / "builds"
 
 
+def total_memory_gib() -> float | None:
+    """The machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_memory_limit_gb() -> float:
+    """Host memory per worker: 32 GiB (KernelBench inputs reach several GiB), but at most half of the machine's
+    memory, so a worker over its limit is stopped by the harness (RLIMIT_AS, the RSS watchdog) while the parent and
+    the other workers still have room, never by the kernel's OOM killer."""
+    total = total_memory_gib()
+    return 32.0 if total is None else max(0.5, min(32.0, round(total / 2 * 2) / 2))
+
+
 SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # EvalConfig.speed_of_light
 BASELINE_MODES = ("reuse", "fresh", "off")  # EvalConfig.baselines
 BIG_GPU_GIB = 128  # a GPU with this much memory or more (an H200: 140) gets 8 run workers by default, others 4
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     backend: str = "auto"  # "cuda", "cpu", or "auto" (cuda when a GPU is present)
     trials: int = 5  # correctness trials, each with freshly seeded inputs
@@ -103,7 +121,8 @@ class EvalConfig:
     # CUDA: run the task's get_inputs() with the GPU as torch's default device, so torch.randn & co. fill GPU
     # memory directly (worker._generated_inputs; falls back to the CPU where get_inputs cannot run that way)
     inputs_on_device: bool = True
-    memory_limit_gb: float = 32.0  # host memory per worker process (KernelBench inputs reach several GiB)
+    # host memory per worker process (KernelBench inputs reach several GiB): default_memory_limit_gb()
+    memory_limit_gb: float = field(default_factory=default_memory_limit_gb)
     # host memory this process may hold for tasks' outputs: a task's reference trials and its candidates' frames in
     # flight (harness/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
     # nowhere runs alone. 0: half the memory available when the run starts
@@ -126,8 +145,6 @@ class EvalConfig:
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
-            if self.backend not in ("cpu", "cuda"):
-                raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', not {self.backend!r}")
             return self.backend
         import torch
 
@@ -136,22 +153,38 @@ class EvalConfig:
     def resolved_speed_of_light(self, backend: str) -> bool:
         return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
 
+    def __post_init__(self) -> None:
+        """Raise ValueError naming the first field whose value has no meaning (the message starts with the field's
+        name: the CLI turns it into its flag), so no verdict can depend on an invalid setting."""
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        object.__setattr__(self, "allowed_ops", tuple(self.allowed_ops))
+        for name, ok, want in _RULES:
+            value = getattr(self, name)
+            if not ok(value):
+                raise ValueError(f"{name} must be {want}, not {value!r}")
+        total = total_memory_gib()
+        for name in ("memory_limit_gb", "output_memory_gb"):
+            if total is not None and getattr(self, name) > total:
+                raise ValueError(f"{name} must be at most this machine's memory ({total:.1f} GiB), not "
+                                 f"{getattr(self, name):g}: beyond it the kernel's OOM killer, not the harness, "
+                                 "would stop a worker")
+
     def check(self) -> None:
-        """Raise ValueError naming the first setting that has no meaning."""
-        if self.speed_of_light not in SPEED_OF_LIGHT_MODES:
-            raise ValueError(f"speed_of_light must be one of {SPEED_OF_LIGHT_MODES}, not {self.speed_of_light!r}")
-        if self.baselines not in BASELINE_MODES:
-            raise ValueError(f"baselines must be one of {BASELINE_MODES}, not {self.baselines!r}")
-        if self.timing_loops < 1:
-            raise ValueError(f"timing_loops must be at least 1, not {self.timing_loops}")
-        if self.warm_build_workers < 0:
-            raise ValueError(f"warm_build_workers must be 0 (none) or more, not {self.warm_build_workers}")
-        if self.resolved_backend() == "cuda":
+        """Raise ValueError when the machine cannot run this configuration (a CUDA backend without a GPU); the
+        values themselves were checked when the config was made."""
+        if self.backend == "cuda":  # ("auto" takes a GPU only when there is one)
             import torch
 
             if not torch.cuda.is_available():
                 raise ValueError("backend 'cuda' needs a CUDA device, and none is visible here (torch "
                                  f"{torch.__version__}): use backend 'cpu', or 'auto' to take a GPU when there is one")
+
+    def differences(self, stored: dict[str, str]) -> list[str]:
+        """The settings that decide verdicts (everything but SCHEDULING) on which this config differs from
+        `stored` (a run's saved `{field: str(value)}`), as "field: stored -> now"; fields `stored` lacks are
+        not compared (a run an older version recorded)."""
+        return [f"{f.name}: {stored[f.name]} -> {getattr(self, f.name)}" for f in fields(self)
+                if f.name not in SCHEDULING and f.name in stored and stored[f.name] != str(getattr(self, f.name))]
 
     def candidate_run_timeout_s(self, reference_wall_s: float) -> float:
         """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
@@ -173,3 +206,39 @@ class EvalConfig:
         return {"warmup": self.warmup, "min_iters": self.timing_iters, "max_iters": max(self.timing_iters, 2000),
                 "min_time_s": min(0.1, self.timing_max_s), "max_time_s": self.timing_max_s,
                 "target_rel_ci": self.timing_target_ci, "lead_ms": lead_ms, "loops": self.timing_loops}
+
+
+# settings that change how fast a run goes, never what a candidate gets: a resumed run may change them
+SCHEDULING = frozenset({"jobs", "run_workers", "warm_workers", "warm_build_workers", "fork_workers", "build_nice",
+                        "cache_dir", "fast_build", "baselines", "output_memory_gb", "cpu_threads"})
+
+_at_least = lambda low: (lambda v: v >= low)  # noqa: E731
+_positive = lambda v: v > 0  # noqa: E731
+# (field, test, what it must be) for every value that can be out of range
+_RULES = (
+    ("backend", lambda v: v in ("auto", "cpu", "cuda"), "'cpu', 'cuda' or 'auto'"),
+    ("trials", _at_least(1), "at least 1 (with no trial, nothing is compared)"),
+    ("atol", _at_least(0), "0 or more"),
+    ("rtol", _at_least(0), "0 or more"),
+    ("warmup", _at_least(0), "0 or more"),
+    ("timing_iters", _at_least(1), "at least 1"),
+    ("timing_max_s", _positive, "more than 0"),
+    ("timing_target_ci", lambda v: 0 < v < 1, "a fraction between 0 and 1"),
+    ("timing_loops", _at_least(1), "at least 1"),
+    ("speed_of_light", lambda v: v in SPEED_OF_LIGHT_MODES, f"one of {', '.join(SPEED_OF_LIGHT_MODES)}"),
+    ("sol_slack", _positive, "more than 0"),
+    ("baselines", lambda v: v in BASELINE_MODES, f"one of {', '.join(BASELINE_MODES)}"),
+    ("jobs", _at_least(1), "at least 1"),
+    ("run_workers", _at_least(0), "0 (automatic) or more"),
+    ("warm_workers", _at_least(-1), "-1 (as many as run workers), 0 (none) or more"),
+    ("warm_build_workers", _at_least(0), "0 (none) or more"),
+    ("cpu_threads", _at_least(1), "at least 1"),
+    ("build_nice", lambda v: 0 <= v <= 19, "between 0 and 19"),
+    ("compile_timeout_s", _positive, "more than 0"),
+    ("run_timeout_s", _positive, "more than 0"),
+    ("run_timeout_reference_factor", _at_least(0), "0 or more"),
+    ("memory_limit_gb", _positive, "more than 0"),
+    ("output_memory_gb", _at_least(0), "0 (half of what is available) or more"),
+    ("file_limit_mb", _at_least(1), "at least 1"),
+    ("min_extension_gpu_share", lambda v: 0 <= v <= 1, "a fraction between 0 and 1"),
+)

@@ -11,6 +11,8 @@ from dice_kernels.harness.metrics import FAST_P, by_level
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 
 _ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a pytorch_fallback finding's message
+# what a solution file says it should get (the shipped examples do): "Expected outcome: compile_error"
+_EXPECTED = re.compile(r"Expected outcome: ([a-z_]+(?:/[a-z_]+)?)")
 
 
 def _pct(x: float) -> str:
@@ -109,7 +111,49 @@ def _quantiles(xs: list[float]) -> dict[str, float]:
     return {"min": xs[0], "p25": pick(0.25), "median": pick(0.5), "p75": pick(0.75), "max": xs[-1]}
 
 
-def markdown(s: dict) -> str:
+def expected_outcome(solution_path: str) -> str:
+    """The outcome a solution file says it should get ("Expected outcome: X" in it), or ""."""
+    try:
+        found = _EXPECTED.search(Path(solution_path).read_text(errors="replace")) if solution_path else None
+    except OSError:
+        return ""
+    return found.group(1) if found else ""
+
+
+def candidate_rows(results: list[EvalResult]) -> list[dict]:
+    """One row per candidate: task, file, outcome, sub-kind, speedup, and the outcome its file expects (if it
+    says)."""
+    rows = []
+    for r in results:
+        path = Path(r.solution_path) if r.solution_path else None
+        rows.append({"task": r.task_id, "file": "/".join(path.parts[-2:]) if path else r.candidate_id,
+                     "outcome": r.outcome.value, "sub_kind": r.deceptive_kind or "",
+                     "speedup": f"{r.speedup:.2f}×" if r.speedup is not None else "–",
+                     "expected": expected_outcome(r.solution_path)})
+    return rows
+
+
+def _got_expected(row: dict) -> bool:
+    got = row["outcome"] + (f"/{row['sub_kind']}" if row["sub_kind"] else "")
+    return got == row["expected"] or row["outcome"] == row["expected"]
+
+
+def candidate_table(results: list[EvalResult]):
+    from rich.table import Table
+
+    rows = candidate_rows(results)
+    expected = any(r["expected"] for r in rows)
+    table = Table(title="candidates")
+    for col in ("task", "file", "outcome", "sub-kind", "speedup", *(("expected",) if expected else ())):
+        table.add_column(col, justify="right" if col == "speedup" else "left")
+    for r in rows:
+        mark = ("" if not r["expected"] else " [green]✓[/]" if _got_expected(r) else " [red]✗[/]")
+        table.add_row(r["task"], r["file"], r["outcome"], r["sub_kind"], r["speedup"],
+                      *((r["expected"] + mark,) if expected else ()))
+    return table
+
+
+def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> str:
     lines = ["# Evaluation report", ""]
     for key in ("backend", "hardware", "torch_version", "harness_version", "wall_s", "command"):
         if key in s:
@@ -182,7 +226,15 @@ def markdown(s: dict) -> str:
                   "Seconds summed over evaluated candidates (parallel workers add up; `run.*` is inside `run`; "
                   "docs/harness.md):", "", "| phase | seconds |", "|---|---|"]
         lines += [f"| {k} | {v:.1f} |" for k, v in s["seconds_by_phase"].items()]
-    lines += ["", "![outcomes](outcomes.png)", ""]
+    if rows:
+        expected = any(r["expected"] for r in rows)
+        lines += ["", "## Candidates", "", "| task | file | outcome | sub-kind | speedup |"
+                  + (" expected |" if expected else ""), "|---|---|---|---|---|" + ("---|" if expected else "")]
+        lines += [f"| {r['task']} | {r['file']} | {r['outcome']} | {r['sub_kind']} | {r['speedup']} |"
+                  + (f" {r['expected']} |" if expected else "") for r in rows]
+    if chart:
+        lines += ["", "![outcomes](outcomes.png)"]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -191,6 +243,7 @@ def outcome_chart(metrics_all: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     items = [(k, v) for k, v in metrics_all["outcomes"].items() if v]
     fig, ax = plt.subplots(figsize=(7, 0.45 * max(3, len(items)) + 1))
@@ -201,6 +254,7 @@ def outcome_chart(metrics_all: dict, path: Path) -> None:
     ax.barh(names, counts, color=colors)
     for y, c in enumerate(counts):
         ax.text(c, y, f" {c}", va="center")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts: whole candidates
     ax.set_xlabel("candidates")
     ax.set_title(f"Outcomes ({metrics_all['n']} candidates)")
     fig.tight_layout()
@@ -212,11 +266,14 @@ def write_report(out_dir: str | Path, results: list[EvalResult], meta: dict) -> 
     out = Path(out_dir)
     s = summary(results, meta)
     (out / "summary.json").write_text(json.dumps(s, indent=2))
-    (out / "report.md").write_text(markdown(s))
-    try:
-        outcome_chart(s["metrics"]["all"], out / "outcomes.png")
-    except ImportError:  # matplotlib is an optional extra; the markdown still lists the counts
-        pass
+    chart = out / "outcomes.png"
+    chart.unlink(missing_ok=True)  # a chart of an earlier state of the run must not stand for this one
+    if results:
+        try:
+            outcome_chart(s["metrics"]["all"], chart)
+        except ImportError:  # matplotlib missing (a minimal install): the markdown still lists the counts
+            pass
+    (out / "report.md").write_text(markdown(s, candidate_rows(results), chart=chart.exists()))
     return s
 
 

@@ -95,15 +95,25 @@ def load_task_file(path: str | Path) -> Task:
         code = path.read_text()
     except FileNotFoundError:
         raise TaskError(f"{path}: task file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TaskError(f"{path}: cannot read task file: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save the file "
+                        "as UTF-8") from None
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read task file: {e.strerror or e}") from None
     tid, name, level, pid = _ids_from_path(path)
     return task_from_code(code, id=tid, name=name, level=level, problem_id=pid, source=str(path))
 
 
 def _load_jsonl(path: Path) -> list[Task]:
     tasks = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save the file "
+                        "as UTF-8") from None
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read task file: {e.strerror or e}") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -11,7 +11,7 @@ import json
 import math
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -53,9 +53,7 @@ class RewardConfig:
     def eval_config(self) -> EvalConfig:
         cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=self.robust, timing=self.speed_bonus > 0,
                          run_timeout_s=self.run_timeout_s, compile_timeout_s=self.compile_timeout_s)
-        if self.cache_dir:
-            cfg.cache_dir = Path(self.cache_dir)
-        return cfg
+        return replace(cfg, cache_dir=Path(self.cache_dir)) if self.cache_dir else cfg  # EvalConfig is frozen
 
 
 def reward_of(result: EvalResult, cfg: RewardConfig) -> float:

@@ -1,3 +1,4 @@
+# Example (dice eval --example): a kernel that compiles and runs but computes the wrong values. Expected outcome: value_mismatch
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -1,3 +1,4 @@
+# Example (dice eval --example): model output that never defines ModelNew (a common generation slip). Expected outcome: python_error
 import torch
 import torch.nn as nn
 

@@ -1,3 +1,4 @@
+# Example (dice eval --example): a kernel whose output has the wrong shape. Expected outcome: shape_mismatch
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

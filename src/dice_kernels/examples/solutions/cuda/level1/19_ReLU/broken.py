@@ -1,3 +1,4 @@
+# Example (dice eval --example): a kernel that does not compile (a missing semicolon). Expected outcome: compile_error
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -1,3 +1,4 @@
+# Example (dice eval --example): a CUDA ReLU that matches the PyTorch reference. Expected outcome: correct
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

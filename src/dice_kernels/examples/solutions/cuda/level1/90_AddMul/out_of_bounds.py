@@ -1,3 +1,4 @@
+# Example (dice eval --example): a kernel that reads and writes past its buffers. Expected outcome: cuda_memory_error
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
