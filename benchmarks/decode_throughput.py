@@ -5,8 +5,10 @@ attention code (eager). Random bf16 weights.
     python benchmarks/decode_throughput.py --out decode.json            # SDAR-4B shapes on one GPU
     python benchmarks/decode_throughput.py --smoke --out /tmp/d.json    # tiny shapes on CPU: does it run?
 
-Tokens/s = generated tokens / wall time of the whole call (prefill and graph captures included) after one warm-up
-call (graphs are captured per call, so the timed call pays for its own).
+Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
+graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
+the steady state of `dice bench` and RL rollouts, which decode batch after batch of one shape). The script only
+uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def main() -> None:
     parser.add_argument("--per-forward", default="1,2", help="tokens per forward of the block sampler (block 4)")
     parser.add_argument("--autoregressive", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the autoregressive decode")
+    parser.add_argument("--modes", default="eager,graphs", help="block-sampler modes to time: eager, graphs")
+    parser.add_argument("--sdpa-only", action="store_true",
+                        help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script runs")
     args = parser.parse_args()
 
@@ -83,6 +88,9 @@ def main() -> None:
         cfg = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, mask_token_id=511)
         args.batches, args.prompt_len, args.new_tokens, dtype = "1,4", 16, 16, torch.float32
+    if args.sdpa_only:
+        import dice_kernels.model.attention as attention
+        attention.SMALL_QUERY = 0
     torch.manual_seed(0)
     with torch.device(device):
         model = BlockDiffusionLM(cfg).to(dtype).eval()
@@ -94,12 +102,16 @@ def main() -> None:
         prompt_lists = prompts.tolist()
         runs = {}
         for per_forward in (int(k) for k in args.per_forward.split(",")):
-            for graphs in (False, True):
+            for mode in args.modes.split(","):
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
-                                          strategy="static", cuda_graphs=graphs)
+                                          strategy="static", cuda_graphs=mode == "graphs")
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
+                name = f"block4_{per_forward}tok_{mode}"
+                if mode == "graphs":
+                    seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
+                    runs[name + "_first"] = (seconds, out.forwards)
                 seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
-                runs[f"block4_{per_forward}tok_{'graphs' if graphs else 'eager'}"] = (seconds, out.forwards)
+                runs[name] = (seconds, out.forwards)
         if args.autoregressive:
             autoregressive_decode(model, prompts, 16)  # warm-up
             seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
@@ -135,6 +147,7 @@ def main() -> None:
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "sdpa_only": args.sdpa_only, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:

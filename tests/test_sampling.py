@@ -228,3 +228,18 @@ def test_cuda_graph_and_eager_decoding_give_identical_tokens(dtype, strategy, te
     assert graphed.tokens == eager.tokens
     assert graphed.unmask_steps == eager.unmask_steps
     assert graphed.forwards == eager.forwards
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
+    """The second call of a shape replays the first call's graphs with its own prompts, cache and stop ids."""
+    model = tiny_model().to("cuda", torch.bfloat16)
+    cfg = SamplingConfig(max_new_tokens=100, steps=2)
+    eager_cfg = SamplingConfig(**{**cfg.__dict__, "cuda_graphs": False})
+    first = [list(range(40, 40 + n)) for n in (3, 50, 70, 9)]
+    second = [list(range(60, 60 + n)) for n in (20, 1, 77, 64)]  # other lengths, the same 128-slot bucket
+    decode(model, first, cfg, [7])
+    graphed = decode(model, second, cfg, [7])  # replays the first call's graphs
+    eager = decode(model, second, eager_cfg, [7])
+    assert (graphed.tokens, graphed.unmask_steps, graphed.stopped) == (eager.tokens, eager.unmask_steps, eager.stopped)

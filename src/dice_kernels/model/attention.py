@@ -114,9 +114,21 @@ class Attention:
     kv_len: int = 0
 
 
-def fold_gqa_mask(mask: Tensor, groups: int) -> Tensor:
-    """Repeat a [B, 1, Q, K] mask along the query axis to match `attend`'s GQA folding (once per forward)."""
-    return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+# Up to this many queries per kv head (GQA-folded), a cached forward attends with two batched matmuls instead of
+# SDPA: decoding sends 4-32, and SDPA's fused kernels (cuDNN on Hopper) tile queries by 64 or more and read the
+# boolean mask in every layer. Module-level so a benchmark can set it to 0 to compare.
+SMALL_QUERY = 64
+
+
+def fold_gqa_mask(mask: Tensor, groups: int, kv_heads: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """Once per forward: repeat a bool [B, 1, Q, K] mask along the query axis to match `attend`'s GQA folding.
+    With `kv_heads` and `dtype` (a cached forward with few queries) return instead the additive bias of `attend`'s
+    matmul path: 0 where visible, -inf elsewhere, [B * kv_heads, groups * Q, K]."""
+    folded = mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+    if kv_heads is None or dtype is None or folded.shape[2] > SMALL_QUERY:
+        return folded
+    bias = torch.zeros((folded.shape[0], kv_heads, *folded.shape[2:]), dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~folded, float("-inf")).flatten(0, 1)
 
 
 @functools.cache
@@ -125,7 +137,8 @@ def _compiled_flex() -> Callable:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor) -> Tensor:
-    """Attention of q [B, Hq, Q, D] over k, v [B, Hkv, K, D]; a dense `mask` must already be GQA-folded."""
+    """Attention of q [B, Hq, Q, D] over k, v [B, Hkv, K, D]; a dense `mask` comes from `fold_gqa_mask`: a bool
+    mask for SDPA, or a float bias for the matmul path."""
     if isinstance(mask, BlockMask):
         # Eager flex runs on CPU (forward only) by materialising scores; on CUDA it must be compiled to be fused.
         flex = _compiled_flex() if q.is_cuda else flex_attention
@@ -134,5 +147,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor) -> Tensor:
     # Works with every SDPA backend (enable_gqa does not) and suits decoding, where Q is tiny.
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads = k.shape[1]
-    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, -1, head_dim), k, v, attn_mask=mask)
+    q = q.reshape(batch, kv_heads, -1, head_dim)
+    if mask.dtype == torch.bool:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    else:
+        # scale, bias and q.k in one GEMM (bf16 scores, as transformers' eager attention), softmax accumulated
+        # in fp32, then the values: three kernels reading K and V once. K/V are cache slices: flatten is a view.
+        scores = torch.baddbmm(mask, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2), alpha=head_dim**-0.5)
+        out = torch.bmm(scores.softmax(-1), v.flatten(0, 1))
     return out.reshape(batch, q_heads, q_len, head_dim)

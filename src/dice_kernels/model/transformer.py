@@ -117,8 +117,9 @@ class BlockDiffusionLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
         if not isinstance(attn.mask, BlockMask):
-            groups = cfg.num_attention_heads // cfg.num_key_value_heads
-            attn = Attention(fold_gqa_mask(attn.mask, groups), attn.cache, attn.slots, attn.kv_len)
+            groups, kv_heads = cfg.num_attention_heads // cfg.num_key_value_heads, cfg.num_key_value_heads
+            bias = (kv_heads, x.dtype) if attn.cache is not None else (None, None)  # small-query path: cache only
+            attn = Attention(fold_gqa_mask(attn.mask, groups, *bias), attn.cache, attn.slots, attn.kv_len)
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn)
         return self.model.norm(x)

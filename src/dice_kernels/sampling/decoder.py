@@ -1,11 +1,15 @@
 """Batched block-diffusion decoding on token ids: per row, blocks of `block_size` positions on one grid from
 absolute position 0, each denoised in up to `steps` forwards against a KV cache. Returns the generated ids and,
 per token, the denoising step that unmasked it (the trajectory RL replays). On CUDA each decode forward is replayed
-as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels."""
+as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels.
+The graphs, with the state, cache and stop-id tensors they read, are kept per model for the next call of the same
+shape (`release_graphs` frees them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,6 +23,7 @@ from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_t
 # A CUDA graph fixes every shape, so forwards attend over a span of cache slots rounded up to a multiple of this
 # (the mask hides the extra ones): one graph per (commit or not, span), ~80 captures per 4,096 tokens. The
 # rounding costs at most 127 slots of attention reads, well under 1 ms a forward for SDAR-4B at batch 128.
+# Sequence buffers are rounded up to it too, so calls with somewhat different prompt lengths reuse the graphs.
 SPAN_STEP = 128
 
 
@@ -72,7 +77,9 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     if (lengths == 0).any():
         raise ValueError("every prompt needs at least one token")
-    total = -(-(int(lengths.max()) + max_new) // block) * block
+    # positions past a row's limit stay masked and unread; the rounding only makes shapes recur across calls
+    total = -(-(int(lengths.max()) + max_new) // SPAN_STEP) * SPAN_STEP
+    total = -(-total // block) * block
     seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         seq[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -93,10 +100,10 @@ class _CachedForward:
     first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
     """
 
-    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, denoise: Callable[[Tensor], None],
-                 graphs: bool, graph_denoise: bool):
+    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool):
         cfg, seq = model.config, state.seq
-        self.model, self.block, self.denoise, self.graph_denoise = model, block, denoise, graph_denoise
+        self.model, self.block, self.graph_denoise = model, block, graph_denoise
+        self.denoise: Callable[[Tensor], None] = lambda logits: None  # set by each decode call
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
         # (any_commit, span) -> graph; None: eager. Every graph writes its logits to one buffer and draws its
         # temporaries from one memory pool: they run one at a time, and each forward's logits are used up before
@@ -105,7 +112,10 @@ class _CachedForward:
         self.pool, self.logits = None, None
         self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, seq.shape[1] + block,
                              cfg.head_dim, next(model.parameters()).dtype, seq.device)
-        prefill = int(state.start.max())
+
+    def prefill(self, state: _State) -> None:
+        """Write the K/V of every row's prompt up to the furthest row's first decode block."""
+        prefill, seq, block = int(state.start.max()), state.seq, self.block
         if prefill:
             # Rows with shorter prompts prefill tokens past their own start too: those slots lie in blocks
             # their current block cannot see, and are overwritten before they become visible.
@@ -113,7 +123,7 @@ class _CachedForward:
             pos = torch.arange(prefill, device=seq.device).expand_as(ids)
             layout = Layout.clean(pos)
             mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *ids.shape, prefill, seq.device)
-            model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
+            self.model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
 
     def __call__(self, state: _State, any_commit: bool, kv_len: int) -> None:
         """One decoding step: the forward, then `denoise`; `kv_len`: cache slots the furthest row needs."""
@@ -210,6 +220,46 @@ def _denoise_step(state: _State, logits: Tensor, *, cfg: SamplingConfig, block: 
     state.masked_at_start.masked_fill_(advance, block)
 
 
+@dataclass
+class _Workspace:
+    """What a model's captured graphs read (state, KV cache, stop ids), kept for the next call of the same key."""
+
+    key: tuple
+    state: _State
+    stops: Tensor
+    forward: _CachedForward
+
+
+# One workspace per model (the latest key): its KV cache is the size of the call's (release_graphs frees it).
+_WORKSPACES: weakref.WeakKeyDictionary[BlockDiffusionLM, _Workspace] = weakref.WeakKeyDictionary()
+
+
+def release_graphs(model: BlockDiffusionLM) -> None:
+    """Free the CUDA graphs, KV cache and buffers `decode` keeps for `model` (e.g. before a training update)."""
+    _WORKSPACES.pop(model, None)
+
+
+def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg: SamplingConfig, block: int,
+               greedy: bool) -> _Workspace:
+    """The model's kept workspace when everything its graphs baked in matches (batch and buffer length, the
+    settings, the stop ids, the weights' addresses), refilled with this call's state; else a new one, kept when
+    graphs are on. Greedy steps draw no random numbers, so they are replayed from the graph with the forward."""
+    params = tuple(p.data_ptr() for p in model.parameters())
+    key = (tuple(state.seq.shape), dataclasses.replace(cfg, seed=None), tuple(stop_ids), block, params)
+    kept = _WORKSPACES.get(model)
+    if kept is not None and kept.key == key:
+        for f in dataclasses.fields(_State):
+            getattr(kept.state, f.name).copy_(getattr(state, f.name))
+        return kept
+    _WORKSPACES.pop(model, None)  # its cache and graphs go before the new ones are allocated
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=state.seq.device)
+    forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=greedy)
+    space = _Workspace(key, state, stops, forward)
+    if forward.graphs is not None:
+        _WORKSPACES[model] = space
+    return space
+
+
 @torch.inference_mode()
 def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfig, stop_ids: list[int]) -> Decoded:
     """Generate after each prompt (token ids, any lengths) until a stop token or `max_new_tokens`."""
@@ -219,13 +269,18 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
         raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    greedy = cfg.temperature == 0 or cfg.top_k == 1
+    cached = None
+    if cfg.use_cache:
+        space = _workspace(model, state, stop_ids, cfg, block, greedy)
+        state, stops, cached = space.state, space.stops, space.forward
+        cached.prefill(state)
+    else:
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
                                 generator=generator)
-    # Greedy steps draw no random numbers, so they can be replayed from the graph with the forward.
-    greedy = cfg.temperature == 0 or cfg.top_k == 1
-    cached = (_CachedForward(model, state, block, denoise, cfg.cuda_graphs, graph_denoise=greedy)
-              if cfg.use_cache else None)
+    if cached is not None:
+        cached.denoise = denoise  # graphs captured in an earlier call replay its (greedy) step with these tensors
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
     forwards = 0
     while True:

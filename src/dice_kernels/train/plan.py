@@ -2,7 +2,7 @@
 parameter count; FSDP2 with fp32 master weights and bf16 compute gives the per-GPU bytes of states, gathered
 layers and activations (per token and layer, counted from what autograd saves in this model's layers). A step's
 peak is the larger of two moments: the start of the last micro-batch's backward (every activation alive) and
-AdamW's update (gradients, moments and one temporary)."""
+AdamW's update (weights, gradients, moments: the fused update keeps no temporary)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ class MemoryPlan:
     weights: float  # bytes per GPU: fp32 master weights, sharded
     grads: float  # fp32 gradients, sharded
     adam: float  # AdamW's two fp32 moments, sharded
-    gathered: float  # bf16 layers all-gathered at once (this one and the prefetched next), their grads, reduce buffer
+    gathered: float  # bf16 layers gathered at once (this one and the prefetched next; every one on one GPU, which
+    #                  keeps them from forward to backward), a layer's grads, reduce buffer
     root: float  # the root unit (embeddings, final norm, lm_head) gathered for the whole step, and its bf16 grads
     activations: float  # saved for backward, without activation checkpointing
     activations_ac: float  # with it: each layer's input, plus one layer recomputed
@@ -45,8 +46,8 @@ class MemoryPlan:
         return self.weights + self.adam + grads + self.gathered + self.root + acts + self.logits
 
     def update_peak(self) -> float:
-        """AdamW's foreach update: weights, gradients, moments and sqrt(v) as a temporary the size of the weights."""
-        return 2 * self.weights + self.grads + self.adam
+        """AdamW's fused update (CUDA): weights, gradients and moments, updated in place."""
+        return self.weights + self.grads + self.adam
 
     def total(self, checkpointing: bool) -> float:
         return max(self.backward_peak(checkpointing), self.update_peak())
@@ -86,7 +87,7 @@ def memory_plan(cfg: ModelConfig, gpus: int, row_len: int, micro_rows: int, accu
     return MemoryPlan(
         params=params, layer_params=layer, gpus=gpus, accumulation=accumulation, tokens=tokens, masked_tokens=masked,
         weights=4 * params / gpus, grads=4 * params / gpus, adam=8 * params / gpus,
-        gathered=layer * (2 * COMPUTE_BYTES + COMPUTE_BYTES + 4),
+        gathered=layer * ((cfg.num_hidden_layers if gpus == 1 else 2) * COMPUTE_BYTES + COMPUTE_BYTES + 4),
         root=root * 2 * COMPUTE_BYTES,
         activations=cfg.num_hidden_layers * tokens * per_token + edge,
         activations_ac=cfg.num_hidden_layers * tokens * cfg.hidden_size * COMPUTE_BYTES + tokens * per_token + edge,
@@ -104,12 +105,12 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float, checkpointing: bool) ->
         f"  fp32 weights      {g(plan.weights)}",
         f"  fp32 gradients    {g(plan.grads)}",
         f"  AdamW moments     {g(plan.adam)}",
-        f"  gathered layers   {g(plan.gathered)}   (bf16 weights of 2 layers, grads, fp32 reduce buffer)",
+        f"  gathered layers   {g(plan.gathered)}   (bf16 weights of 2 layers, all on 1 GPU; grads, fp32 reduce buffer)",
         f"  root unit         {g(plan.root)}   (embeddings / lm_head / norm, gathered all step, + grads)",
         f"  lm_head logits    {g(plan.logits)}   (masked tokens only)",
         f"  activations       {g(plan.activations)}   without activation checkpointing",
         f"  activations (AC)  {g(plan.activations_ac)}   with activation checkpointing",
-        f"  AdamW update      {g(plan.update_peak())}   (weights, grads, moments, one temporary)",
+        f"  AdamW update      {g(plan.update_peak())}   (weights, grads, moments; fused, in place)",
     ]
     for ac in (False, True):
         total = plan.total(ac)

@@ -12,7 +12,7 @@ from dice_kernels.data.infill import InfillError, split_program
 from dice_kernels.harness.candidate import Candidate, candidate_from_text, extract_code
 from dice_kernels.model.transformer import BlockDiffusionLM
 from dice_kernels.prompts import SYSTEM_PROMPT, chat_prompt, e2e_user, infill_user
-from dice_kernels.sampling.decoder import SamplingConfig, decode
+from dice_kernels.sampling.decoder import SamplingConfig, decode, release_graphs
 from dice_kernels.train.curriculum import RLTask
 from dice_kernels.train.tracerl import Trajectory
 
@@ -90,5 +90,6 @@ def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTas
                 out.append(Rollout(task=task, sample=k, trajectory=Trajectory(prompts[ti], ids, steps), text=text,
                                    stopped=stopped, candidate=response_candidate(task, phase, text, cid)))
     finally:
+        release_graphs(model)  # the kept KV cache and graphs would sit through the update
         model.train(was_training)
     return out

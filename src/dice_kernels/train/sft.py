@@ -74,8 +74,9 @@ def accumulate_gradients(model, batch: PackedBatch, corruption: Corruption, dist
 
     Every micro-batch's loss is scaled to (its sum of CE/p) / (response tokens of the *global* batch) x world
     size, so after FSDP's mean over ranks the gradient is that of the global batch's loss, whatever the number of
-    ranks and micro-batches. Gradients are reduce-scattered after every micro-batch: accumulating them unsharded
-    instead would hold 2 bytes per parameter on every GPU.
+    ranks and micro-batches. With several ranks gradients are reduce-scattered after every micro-batch:
+    accumulating them unsharded instead would hold 4 bytes per parameter on every GPU. One rank holds them whole
+    anyway, so it accumulates (in fp32) and "reduces" once, after the last micro-batch.
     """
     block = model.config.block_size
     per_rank = batch.input_ids.shape[0] // dist.world_size
@@ -83,6 +84,8 @@ def accumulate_gradients(model, batch: PackedBatch, corruption: Corruption, dist
     total_response = max(int(batch.response.sum()), 1)
     loss_sum = torch.zeros((), dtype=torch.float64, device=dist.device)
     for start in range(first, first + per_rank, micro_rows):
+        if dist.world_size == 1:
+            model.set_requires_gradient_sync(start + micro_rows >= first + per_rank)
         micro = _rows(batch, start, start + micro_rows, dist.device)
         micro_noise = _rows(corruption, start, start + micro_rows, dist.device)
         loss = sft_loss(model, micro, micro_noise, block, backend)  # / this micro-batch's response tokens
