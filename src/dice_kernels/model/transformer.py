@@ -26,10 +26,11 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos, sin [B, 1, L, head_dim] for integer positions [B, L] (computed in fp32, as transformers does)."""
+    """cos, sin [B, L, 1, head_dim] for integer positions [B, L] (computed in fp32, as transformers does), to
+    broadcast over the heads of [B, L, H, head_dim] tensors."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim)
     angles = positions[..., None].float() * inv_freq
-    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -53,10 +54,12 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention) -> Tensor:
         batch, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        # RoPE before the head transpose: its element-wise kernels read the contiguous projections rather than
+        # transposed views (the same values; the transposed layout attention gets is unchanged)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)), cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if attn.cache is not None:
             k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
         out = attend(q, k, v, attn.mask)
