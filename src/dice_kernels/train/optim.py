@@ -12,8 +12,8 @@ from dice_kernels.train.config import OptimConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW: fused on CUDA (one kernel pass over weights, gradients and moments, no temporaries; same state
-    dict as foreach), foreach on CPU."""
+    """AdamW: fused on CUDA (one kernel pass over weights, gradients and moments, no temporaries; the same
+    state keys as foreach), foreach on CPU."""
     fused = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                              weight_decay=cfg.weight_decay, foreach=not fused, fused=fused)
