@@ -137,3 +137,38 @@ def test_without_a_bar_a_heartbeat_names_what_is_in_flight_and_for_how_long(caps
     assert "eval 1/2 L2/3/fast: correct (1.5s)" in err
     last = [line for line in err.splitlines() if "in flight" in line][-1]
     assert last.startswith("eval 1/2 done") and "L2/3/fast" not in last  # a finished one leaves the list
+
+
+BIG_TASK = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+            "        return torch.relu(x)\n\n\nbatch_size = 16\ndim = 2 ** 25  # 16 x 2^25 float32: 2 GiB\n\n\n"
+            "def get_inputs():\n    x = torch.rand(batch_size, dim)\n    return [x]\n\n\n"
+            "def get_init_inputs():\n    return []\n")
+
+
+@pytest.mark.slow
+def test_a_task_whose_inputs_cannot_fit_is_reported_before_it_runs_and_the_report_keeps_the_run(tmp_path, build_cache):
+    """Over the memory limit: reported with the numbers and the flag, by the parent, before a worker could run out
+    of memory on it (no worker is killed). Logs (stdout not a terminal) get a line per result by default, and
+    `dice report` keeps the run's wall time and command."""
+    task = tmp_path / "19_Big.py"
+    task.write_text(BIG_TASK)
+    sol = tmp_path / "sol.py"
+    sol.write_text(SLOW_OK.format(delay=0, i=0))
+    out = tmp_path / "run"
+    env = {**os.environ, "DICE_CACHE_DIR": str(build_cache)}
+    r = dice("eval", "--task", str(task), str(sol), "--out", str(out), "--backend", "cpu", "--memory-limit-gb", "1",
+             "--trials", "1", "--no-timing", env=env)
+    assert r.returncode == 0, r.stderr
+    row = json.loads((out / "results.jsonl").read_text())
+    assert row["outcome"] == "harness_error" and row["extra"]["reference_over_limits"]
+    assert ("its inputs alone take 2.0 GiB (get_inputs), more than the 1 GiB a worker may hold (--memory-limit-gb"
+            in row["error"] and row["error"].endswith("not run)"))
+    assert f"eval 1/1 {sol}: harness_error" in r.stderr  # no bar without a terminal: a line per result
+    assert "raise --memory-limit-gb" in (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks_whose_reference_exceeds_limits"] == ["19_Big"] and summary["wall_s"] > 0
+
+    r = dice("report", str(out))
+    assert r.returncode == 0, r.stderr
+    again = json.loads((out / "summary.json").read_text())
+    assert (again["wall_s"], again["command"]) == (summary["wall_s"], summary["command"])

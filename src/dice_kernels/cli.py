@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from dice_kernels import __version__
+from dice_kernels.cli_errors import fail
 from dice_kernels.data.cli import app as data_app
 from dice_kernels.harness.cli_options import eval_options
 from dice_kernels.bench.cli import app as bench_app
@@ -22,9 +23,10 @@ from dice_kernels.demo.cli import demo
 from dice_kernels.sampling.cli import generate
 from dice_kernels.train.cli import app as train_app
 
+# plain click help (rich_markup_mode=None): rich's option table left a ~20-character help column at 80 columns
 app = typer.Typer(help="dice-kernels: train diffusion LLMs to write CUDA kernels, and evaluate kernels honestly.",
-                  no_args_is_help=True, add_completion=False)
-console = Console(stderr=True)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+console = Console(stderr=True, soft_wrap=True)  # a message stays one line in a log, whatever its width
 app.add_typer(data_app, name="data")  # stage commands live with their stage (heavy imports stay inside them)
 app.command("generate")(generate)
 app.add_typer(train_app, name="train")
@@ -33,11 +35,6 @@ app.command("demo")(demo)
 
 EXAMPLES = Path(__file__).parent / "examples"
 
-
-def _fail(message: str) -> None:
-    """An input error: one line naming the file or flag and what to do, exit code 2 (no traceback)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 RUN_FILES = ("results.sqlite", "results.sqlite-wal", "results.sqlite-shm", "results.jsonl", "summary.json",
@@ -74,16 +71,16 @@ def eval_cmd(
     """
     config = eval_config
     if task is None and tasks is None and not example:
-        _fail("give --task TASK.py SOLUTION..., --tasks DIR|FILE.jsonl --solutions DIR, or --example "
+        fail("give --task TASK.py SOLUTION..., --tasks DIR|FILE.jsonl --solutions DIR, or --example "
               "(see dice eval --help)")
     if task is not None and not solutions:
-        _fail("--task needs at least one SOLUTION file")
+        fail("--task needs at least one SOLUTION file")
     if tasks is not None and (solutions_dir is None or not solutions_dir.is_dir()):
-        _fail(f"--tasks needs --solutions DIR (got {solutions_dir})")
+        fail(f"--tasks needs --solutions DIR (got {solutions_dir})")
     if task is not None and (missing := [str(p) for p in solutions if not p.is_file()]):
-        _fail(f"solution file(s) not found: {', '.join(missing)}")
+        fail(f"solution file(s) not found: {', '.join(missing)}")
     if resume and out is None:
-        _fail("--resume needs --out pointing at the run to resume")
+        fail("--resume needs --out pointing at the run to resume")
     if example:  # (resolving "auto" imports torch: after the checks above, which fail fast without it)
         tasks, solutions_dir = EXAMPLES / "tasks", EXAMPLES / "solutions" / config.resolved_backend()
     pairs = _pairs(task, solutions, tasks, solutions_dir)
@@ -106,10 +103,10 @@ def eval_cmd(
              progress=sys.stdout.isatty() if progress is None else progress)
     wall_s = round(time.monotonic() - start, 1)
     _write_report(out, {"wall_s": wall_s, "command": " ".join(sys.argv)}, show_candidates=example or len(pairs) <= 40)
-    if cache_was_empty:
+    if cache_was_empty and (size := _size_mb(config.cache_dir)) > 100:  # said once: the first run that compiled
         console.print(f"first run with this build cache: {wall_s:.0f} s, most of it compiling (the extensions and "
-                      f"precompiled headers); {config.cache_dir} now holds {_size_mb(config.cache_dir):.0f} MB and "
-                      "makes later runs fast (delete it any time; --cache-dir or $DICE_CACHE_DIR move it)")
+                      f"precompiled headers); {config.cache_dir} now holds {size:.0f} MB and makes later runs fast "
+                      "(delete it any time; --cache-dir or $DICE_CACHE_DIR move it)")
 
 
 def _pairs(task: Path | None, solutions: list[Path], tasks: Path | None, solutions_dir: Path | None) -> list:
@@ -124,12 +121,12 @@ def _pairs(task: Path | None, solutions: list[Path], tasks: Path | None, solutio
             return [(t, load_candidate(p)) for p in solutions]
         pairs, unmatched = pair_solutions(load_tasks(tasks), solutions_dir)
     except TaskError as e:
-        _fail(str(e))
+        fail(str(e))
     if unmatched:
         console.print(f"[yellow]{len(unmatched)} solution file(s) match no task, skipped:[/] "
                       + ", ".join(unmatched[:10]) + (" …" if len(unmatched) > 10 else ""))
     if not pairs:
-        _fail(f"no solution under {solutions_dir} matches a task in {tasks}")
+        fail(f"no solution under {solutions_dir} matches a task in {tasks}")
     return pairs
 
 
@@ -137,14 +134,14 @@ def _run_dir(out: Path, resume: bool, overwrite: bool) -> Path:
     """`--out`, made and writable; an existing run in it is continued (--resume) or replaced (--overwrite), never
     silently overwritten."""
     if out.exists() and not out.is_dir():
-        _fail(f"--out {out}: exists and is not a directory; give a directory for the run")
+        fail(f"--out {out}: exists and is not a directory; give a directory for the run")
     has_run = (out / "results.sqlite").is_file()
     if resume and overwrite:
-        _fail("--resume continues the run in --out, --overwrite replaces it: give one of them")
+        fail("--resume continues the run in --out, --overwrite replaces it: give one of them")
     if resume and not has_run:
-        _fail(f"--resume: {out} holds no run (no results.sqlite); drop --resume to start one there")
+        fail(f"--resume: {out} holds no run (no results.sqlite); drop --resume to start one there")
     if has_run and not (resume or overwrite):
-        _fail(f"--out {out} already holds a run: add --resume to continue it, --overwrite to replace it, or "
+        fail(f"--out {out} already holds a run: add --resume to continue it, --overwrite to replace it, or "
               "choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -152,7 +149,7 @@ def _run_dir(out: Path, resume: bool, overwrite: bool) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        _fail(f"--out {out}: cannot write there ({e.strerror or e}); choose a directory you can write to")
+        fail(f"--out {out}: cannot write there ({e.strerror or e}); choose a directory you can write to")
     return out
 
 
@@ -167,7 +164,7 @@ def _open_store(run_dir: Path, flag: str):
         store.get_meta("config")  # reads the file: a damaged one fails here, not half-way through a run
         return store
     except sqlite3.DatabaseError as e:
-        _fail(f"{flag} {run_dir}: results.sqlite is not a readable results database ({e}); move it away or "
+        fail(f"{flag} {run_dir}: results.sqlite is not a readable results database ({e}); move it away or "
               "choose another directory")
 
 
@@ -177,7 +174,7 @@ def _check_resumable(run_dir: Path, config) -> None:
     stored = store.get_meta("config") or {}
     store.close()
     if differences := config.differences(stored):
-        _fail(f"--resume: {run_dir} was evaluated with other settings ({'; '.join(differences)}); resume with the "
+        fail(f"--resume: {run_dir} was evaluated with other settings ({'; '.join(differences)}); resume with the "
               "run's settings, or give another --out for new ones")
 
 
@@ -197,7 +194,8 @@ def _size_mb(path: Path) -> float:
 def _write_report(run_dir: Path, meta: dict, show_candidates: bool = True) -> None:
     """Export results.jsonl and write summary.json, report.md and outcomes.png from the run's database; what is
     not recomputed from it (the run's wall time and command) is kept in the database's meta."""
-    from dice_kernels.report.eval_report import candidate_table, console_table, outcome_table, write_report
+    from dice_kernels.report.eval_report import (candidate_table, console_table, expectation_note, outcome_table,
+                                                 write_report)
 
     store = _open_store(run_dir, "dice report")
     if meta:
@@ -211,6 +209,8 @@ def _write_report(run_dir: Path, meta: dict, show_candidates: bool = True) -> No
     out_console = Console()
     if show_candidates:
         out_console.print(candidate_table(results))
+        if expected := expectation_note(results):
+            out_console.print(expected)
     out_console.print(console_table(s))
     out_console.print(outcome_table(s))
     if s["internal_harness_errors"]:
@@ -223,5 +223,5 @@ def report_cmd(run_dir: Path = typer.Argument(..., help="A `dice eval --out` dir
     """Rewrite results.jsonl, summary.json, report.md and outcomes.png from a run's results.sqlite (the run's wall
     time and command are kept)."""
     if not (run_dir / "results.sqlite").is_file():
-        _fail(f"{run_dir} has no results.sqlite (is it a `dice eval --out` directory?)")
+        fail(f"{run_dir} has no results.sqlite (is it a `dice eval --out` directory?)")
     _write_report(run_dir, {})

@@ -10,10 +10,25 @@ from typing import Optional
 
 import typer
 
+from dice_kernels.cli_errors import fail
 from dice_kernels.harness.cli_options import eval_options
+
+DATA_EXTRA = ("datasketch", "pyarrow")  # what `pip install 'dice-kernels[data]'` adds that a build needs
 
 app = typer.Typer(help="CuKe data curation: sources -> verify -> filter -> dedupe -> decontaminate -> format.",
                   no_args_is_help=True)
+
+
+
+def _need_data_extra() -> None:
+    import importlib
+
+    for module in DATA_EXTRA:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            fail(f"dice data build needs the [data] extra ({module} is not installed): "
+                  "pip install 'dice-kernels[data]'")
 
 
 def _benchmarks(paths: Optional[list[Path]]) -> list[Path]:
@@ -23,7 +38,8 @@ def _benchmarks(paths: Optional[list[Path]]) -> list[Path]:
         return paths
     defaults = default_benchmark_paths()
     if not defaults:
-        raise typer.BadParameter("no --benchmark given and ../shared/data/kernelbench/tasks.jsonl is absent")
+        fail("no --benchmark given and ../shared/data/kernelbench/tasks.jsonl is absent: pass --benchmark "
+              "KernelBench's tasks.jsonl")
     return defaults
 
 
@@ -45,7 +61,8 @@ def build(
     keep_unverified: bool = typer.Option(False, help="Let unverified pairs through the filter (CPU dry runs)."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
-    limit: Optional[int] = typer.Option(None, help="Only the first N pairs of each source."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Only the first N pairs of each source (and of "
+                                                          "--rl-programs)."),
     import_results: Optional[list[Path]] = typer.Option(
         None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on "
                                                 "another GPU or machine) whose results verify reuses (repeatable)."),
@@ -65,16 +82,17 @@ def build(
     sources = [SourceSpec("dice_pairs", (str(p),)) for p in dice_pairs or []]
     if leaderboard or leaderboard_tasks:
         if not (leaderboard and leaderboard_tasks):
-            raise typer.BadParameter("--leaderboard and --leaderboard-tasks go together")
+            fail("--leaderboard and --leaderboard-tasks go together: give both")
         sources.append(SourceSpec("leaderboard", (str(leaderboard), str(leaderboard_tasks))))
     sources += [SourceSpec("qa_parquet", (str(p),)) for p in qa_parquet or []]
     for g in generic or []:
         path, sep, mapping = g.partition("@")
         if not sep:
-            raise typer.BadParameter(f"--generic {g!r}: expected PATH@MAPPING")
+            fail(f"--generic {g!r}: expected PATH@MAPPING, e.g. 'rows.jsonl@reference=ref,kernel=sol'")
         sources.append(SourceSpec("mapped", (path,), mapping=mapping))
     if not sources:
-        raise typer.BadParameter("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
+        fail("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
+    _need_data_extra()
     eval_cfg = eval_config
     cfg = CurationConfig(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,

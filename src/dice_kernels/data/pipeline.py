@@ -214,7 +214,7 @@ def build(cfg: CurationConfig, log: Callable[[str], None] = print) -> dict:
              "rl_infill_tasks": len(infill_tasks)}
     rl_decisions: list[Decision] = []
     if cfg.rl_programs:
-        e2e_tasks, rl_decisions, rl_counts = rl_e2e_set(cfg.rl_programs, index, cfg.system_prompt)
+        e2e_tasks, rl_decisions, rl_counts = rl_e2e_set(cfg.rl_programs, index, cfg.system_prompt, cfg.limit)
         write_table(e2e_tasks, out, "rl_e2e")
         extra["rl_e2e"] = rl_counts
     all_decisions = [d for name in STAGES for d in stages[name].decisions] + rl_decisions
@@ -231,14 +231,17 @@ def _benchmark_index(cfg: CurationConfig) -> dc.BenchmarkIndex:
     return dc.load_benchmark(cfg.benchmark, cfg.decontam)
 
 
-def rl_e2e_set(path: Path, index: dc.BenchmarkIndex, system: str | None) -> tuple[list[dict], list[Decision], dict]:
-    """End-to-end RL tasks: reference programs, exact duplicates removed, decontaminated, ordered easy -> hard."""
+def rl_e2e_set(path: Path, index: dc.BenchmarkIndex, system: str | None,
+               limit: int | None = None) -> tuple[list[dict], list[Decision], dict]:
+    """End-to-end RL tasks: reference programs (the first `limit`, like every source under --limit), exact
+    duplicates removed, decontaminated, ordered easy -> hard."""
     loaded = load_preset(path, "rl_programs")
-    deduped, d1 = dedupe(loaded.records, DedupeConfig(near=False))
+    deduped, d1 = dedupe(loaded.records[:limit], DedupeConfig(near=False))
     clean, d2 = dc.decontaminate(deduped, index)
     decisions = [Decision("rl_e2e", d.pair_id, d.action, f"{d.stage}: {d.reason}", d.details)
                  for d in loaded.rejected + d1 + d2]
-    counts = {"read": len(loaded.records) + len(loaded.rejected), "after_dedupe": len(deduped),
+    counts = {"read": len(loaded.records) + len(loaded.rejected), **({"limit": limit} if limit is not None else {}),
+              "after_dedupe": len(deduped),
               "after_decontam": len(clean)}
     return rl_e2e_tasks(clean, system), decisions, counts
 

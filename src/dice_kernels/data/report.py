@@ -13,11 +13,30 @@ from pathlib import Path
 from dice_kernels.data.records import Decision, PairRecord
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _reason_head(reason: str) -> str:
+    """A reason without its per-pair specifics (ids, parenthesised details, lines after the first, such as a
+    compiler's build path)."""
+    return re.split(r" of | \(", reason.splitlines()[0] if reason else "", maxsplit=1)[0][:80].rstrip(" :,")
+
+
 def reason_group(reason: str) -> str:
-    """A reason without its per-pair specifics (ids, numbers, parenthesised details, lines after the first, such
-    as a compiler's build path), for counting and for one table cell."""
-    head = re.split(r" of | \(", reason.splitlines()[0] if reason else "", maxsplit=1)[0]
-    return re.sub(r"\d+(\.\d+)?", "N", head)[:80].rstrip(" :,")
+    """The key reasons are counted under: the head with its numbers masked."""
+    return _NUMBER.sub("N", _reason_head(reason))
+
+
+def _group_label(heads: list[str]) -> str:
+    """One table cell for reasons of one group, their digits kept: a number all share stays, one that varies
+    becomes its range ("speedup 0.4-1.9x < 2.0x")."""
+    numbers = [_NUMBER.findall(h) for h in heads]
+    parts = _NUMBER.split(heads[0])
+    label = parts[0]
+    for i, rest in enumerate(parts[1:]):
+        values = {float(n[i]) for n in numbers}
+        label += (numbers[0][i] if len(values) == 1 else f"{min(values):g}-{max(values):g}") + rest
+    return label
 
 
 def stage_counts(decisions: list[Decision], stages: list[str]) -> list[dict]:
@@ -26,9 +45,14 @@ def stage_counts(decisions: list[Decision], stages: list[str]) -> list[dict]:
     for stage in stages:
         ds = [d for d in decisions if d.stage == stage]
         actions = Counter(d.action for d in ds)
-        reasons = Counter(reason_group(d.reason) for d in ds if d.action == "drop")
+        groups: dict[str, list[str]] = defaultdict(list)
+        for d in ds:
+            if d.action == "drop":
+                head = _reason_head(d.reason)
+                groups[_NUMBER.sub("N", head)].append(head)
+        top = sorted(groups.values(), key=len, reverse=True)[:5]
         rows.append({"stage": stage, "in": len(ds), "keep": actions["keep"], "mark": actions["mark"],
-                     "drop": actions["drop"], "top_drop_reasons": reasons.most_common(5)})
+                     "drop": actions["drop"], "top_drop_reasons": [(_group_label(h), len(h)) for h in top]})
     return rows
 
 
@@ -118,13 +142,16 @@ def write_report(out_dir: Path, ingested: list[PairRecord], verified: list[PairR
         "final_pairs": len(final),
         **extra,
     }
-    speedup_histogram(speedups, threshold, out_dir / "speedup_hist.png")
+    chart = out_dir / "speedup_hist.png"
+    chart.unlink(missing_ok=True)  # an earlier build's chart must not stand for this one
+    if speedups:  # no empty histogram for n = 0
+        speedup_histogram(speedups, threshold, chart)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "report.md").write_text(_markdown(report))
+    (out_dir / "report.md").write_text(_markdown(report, chart=chart.exists()))
     return report
 
 
-def _markdown(report: dict) -> str:
+def _markdown(report: dict, chart: bool) -> str:
     lines = ["# CuKe build report", "", "| stage | in | keep | mark | drop | top drop reasons |", "|---|---|---|---|---|---|"]
     for s in report["stages"]:
         reasons = "; ".join(f"{r} ({n})" for r, n in s["top_drop_reasons"])
@@ -139,5 +166,7 @@ def _markdown(report: dict) -> str:
               f"Outcomes: {report['verification']['outcome']}",
               f"Speedups: {report['speedups']}",
               f"Spearman(measured, published L40S) = {corr['spearman']} over {corr['n']} pairs",
-              f"Final pairs: {report['final_pairs']}", "", "![speedups](speedup_hist.png)", ""]
+              f"Final pairs: {report['final_pairs']}", ""]
+    if chart:
+        lines += ["![speedups](speedup_hist.png)", ""]
     return "\n".join(lines)

@@ -56,6 +56,9 @@ class BuildAcceleration:
         self._batch_over = threading.Event()
 
     def start(self, uncached: list[str]) -> None:
+        # only programs that compile need a header: a batch of pure-Python candidates waited minutes of a cold
+        # cache for one nobody used (a program that reaches the compiler unnamed just parses the real header)
+        uncached = [code for code in uncached if "cpp_extension" in code or "load_inline" in code]
         if not self.enabled or not uncached:
             return
         # the light header serves the lighter CUDA attempts only, so CUDA builds only

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.protocol import BuildJob, RunJob
 
 if TYPE_CHECKING:
@@ -28,7 +29,12 @@ MEMORY_ERROR_PATTERNS = re.compile(
     r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
     r"unspecified launch failure|CUBLAS_STATUS_ALLOC_FAILED|"
     r"std::bad_alloc|Cannot allocate memory|MemoryError", re.IGNORECASE)
+# the host's memory, not the device's: a worker over its --memory-limit-gb (RLIMIT_AS) or the machine's
+HOST_MEMORY_PATTERNS = re.compile(r"std::bad_alloc|Cannot allocate memory|can't allocate memory|MemoryError|"
+                                  r"DefaultCPUAllocator", re.IGNORECASE)
 _MAX_ERROR = 4000
+# the outcome of host memory exhausted ("memory_error" once outcomes.py names it; workers.MEMORY_ERROR)
+HOST_MEMORY_ERROR = "memory_error" if "memory_error" in {o.value for o in Outcome} else "cuda_memory_error"
 
 
 
@@ -242,7 +248,9 @@ def classify(exc: BaseException, phase: str, log: BuildLog) -> StageError:
         return StageError("compile_error", "build", log.failures[0])
     if isinstance(exc, SystemExit):
         return StageError("python_error", phase, f"candidate called sys.exit({exc.code!r})")
-    if isinstance(exc, MemoryError) or MEMORY_ERROR_PATTERNS.search(message):
+    if isinstance(exc, MemoryError) or HOST_MEMORY_PATTERNS.search(message):
+        return StageError(HOST_MEMORY_ERROR, phase, message)
+    if MEMORY_ERROR_PATTERNS.search(message):
         return StageError("cuda_memory_error", phase, message)
     if phase in ("import", "init") or isinstance(exc, (AttributeError, NameError, ImportError, SyntaxError)):
         return StageError("python_error", phase, message)

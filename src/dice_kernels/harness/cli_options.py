@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import typer
 
+from dice_kernels.cli_errors import fail
 from dice_kernels.harness.config import EvalConfig
 
 _FIELDS = {f.name: f for f in fields(EvalConfig)}
@@ -69,15 +70,6 @@ HELP = {
                     "that imports it (each is still a fresh process; docs/harness.md).",
 }
 _SHORT = {"jobs": ["-j"]}
-# --help groups the options by what they decide
-_PANELS = {"Correctness": ("backend", "trials", "atol", "rtol", "robust"),
-           "Timing": ("timing", "timing_iters", "timing_max_s", "timing_target_ci", "timing_loops",
-                      "compile_baseline", "speed_of_light", "baselines", "inputs_on_device"),
-           "Limits": ("run_timeout_s", "run_timeout_reference_factor", "compile_timeout_s", "memory_limit_gb",
-                      "output_memory_gb"),
-           "Build and scheduling": ("cache_dir", "fast_build", "jobs", "run_workers", "warm_workers",
-                                    "warm_build_workers", "fork_workers")}
-_PANEL_OF = {name: panel for panel, names in _PANELS.items() for name in names}
 
 
 def _option(name: str) -> tuple[object, object]:
@@ -85,14 +77,13 @@ def _option(name: str) -> tuple[object, object]:
     f = _FIELDS[name]
     default = f.default if f.default is not MISSING else f.default_factory()
     flag = "--" + name.replace("_", "-")
-    panel = {"help": HELP[name], "rich_help_panel": _PANEL_OF[name]}
     if name == "cache_dir":  # resolved from the environment when not given
-        return Optional[Path], typer.Option(None, flag, **panel)
+        return Optional[Path], typer.Option(None, flag, help=HELP[name])
     if name == "jobs":  # machine-dependent: 0 keeps EvalConfig's
-        return int, typer.Option(0, flag, *_SHORT[name], **panel)
+        return int, typer.Option(0, flag, *_SHORT[name], help=HELP[name])
     if isinstance(default, bool):
-        return bool, typer.Option(default, f"{flag}/--no-{flag[2:]}", **panel)
-    return type(default), typer.Option(default, flag, **panel)
+        return bool, typer.Option(default, f"{flag}/--no-{flag[2:]}", help=HELP[name])
+    return type(default), typer.Option(default, flag, help=HELP[name])
 
 
 def eval_options(command: Callable) -> Callable:
@@ -106,7 +97,7 @@ def eval_options(command: Callable) -> Callable:
         added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     added.append(inspect.Parameter(
         "allow_op", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
-        default=typer.Option([], "--allow-op", rich_help_panel="Correctness",
+        default=typer.Option([], "--allow-op",
                              help="An ATen op forward may dispatch without counting as a PyTorch fallback, e.g. "
                                   "aten::mm (repeatable; added to the default allow-list).")))
 
@@ -127,7 +118,7 @@ def config_from(values: dict, allow_op: list[str]) -> EvalConfig:
     flag, and exit code 2."""
     bad = [op for op in allow_op if not op.startswith("aten::")]
     if bad:
-        _fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad)}")
+        fail(f"--allow-op takes ATen op names such as aten::mm, not {', '.join(bad)}")
     if not values.get("jobs"):
         values.pop("jobs", None)
     if values.get("cache_dir") is None:
@@ -137,10 +128,6 @@ def config_from(values: dict, allow_op: list[str]) -> EvalConfig:
         config.check()
     except (ValueError, TypeError) as e:
         name = str(e).split()[0]
-        _fail(f"--{name.replace('_', '-')} {str(e).split(' ', 1)[1]}" if name in _FIELDS else str(e))
+        fail(f"--{name.replace('_', '-')} {str(e).split(' ', 1)[1]}" if name in _FIELDS else str(e))
     return config
 
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)

@@ -9,6 +9,8 @@ import time
 
 from dice_kernels.harness.outcomes import EvalResult
 
+QUEUED = "queued"  # the phase of a candidate waiting for a build slot or a run worker: counted, not listed
+
 
 class Progress:
     """A rich progress bar with live outcome counts. When disabled (batch jobs, logs without a terminal): one plain
@@ -33,7 +35,8 @@ class Progress:
             threading.Thread(target=self._heartbeat, args=(heartbeat_s,), name="heartbeat", daemon=True).start()
 
     def phase(self, candidate_id: str, name: str) -> None:
-        """`candidate_id` entered phase `name` (build, reference, run)."""
+        """`candidate_id` entered phase `name` (queued, build, reference, run; queued: waiting for a build slot or
+        a run worker)."""
         with self._lock:
             self._inflight[candidate_id] = (name, time.monotonic())
 
@@ -56,9 +59,11 @@ class Progress:
             with self._lock:
                 busy = sorted(self._inflight.items(), key=lambda kv: kv[1][1])
                 done = sum(self.counts.values())
+            queued = sum(1 for _, (phase, _) in busy if phase == QUEUED)
+            items = ", ".join(f"{cid} {phase} {now - since:.0f}s" for cid, (phase, since) in busy if phase != QUEUED)
             if busy:
-                items = ", ".join(f"{cid} {phase} {now - since:.0f}s" for cid, (phase, since) in busy)
-                print(f"eval {done}/{self.total} done; in flight: {items}", file=sys.stderr, flush=True)
+                print(f"eval {done}/{self.total} done; in flight: {items or 'none'}"
+                      + (f"; {queued} queued" if queued else ""), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self._stop.set()

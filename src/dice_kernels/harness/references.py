@@ -13,14 +13,15 @@ from typing import Callable
 
 from dice_kernels.harness import sandbox
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
-from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.config import EvalConfig, total_memory_gib
 from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.input_size import min_input_bytes
 from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.platform import CeilingsCache, Platform
 from dice_kernels.harness.protocol import ReferencePart, RunJob
 from dice_kernels.harness.score import timing_fields
-from dice_kernels.harness.workers import Workers
+from dice_kernels.harness.workers import MEMORY_ERROR, Workers
 from dice_kernels.tasks import Task
 
 
@@ -76,6 +77,9 @@ class ReferenceRunner:
         `admit` sees the size of its first frame of outputs and may defer the task (`Reference.deferred_need`)."""
         start = time.monotonic()
         cfg = self.config
+        too_big = self.inputs_over_limits(task)
+        if too_big:  # reported before a worker could run out of memory on it
+            return Reference(None, None, too_big)
         key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing else ""
         cached = self._cached_baseline(key)
 
@@ -105,6 +109,20 @@ class ReferenceRunner:
                          degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
                          output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
                          wall_s=time.monotonic() - start, retried=retried)
+
+    def inputs_over_limits(self, task: Task) -> str:
+        """Why the task's inputs cannot fit where its reference would make them (input_size.py: a lower bound read
+        from get_inputs), with the numbers and the flag to change; "" when they may fit."""
+        need = min_input_bytes(task.code)
+        on_gpu = self.platform.backend == "cuda" and self.config.inputs_on_device
+        room = self.platform.gpu_memory_gib * (1 << 30) if on_gpu else self.config.memory_limit_bytes
+        if not need or not room or need <= room:
+            return ""
+        where = (f"the GPU's {self.platform.gpu_memory_gib:g} GiB (--no-inputs-on-device makes them in host memory)"
+                 if on_gpu else f"the {self.config.memory_limit_gb:g} GiB a worker may hold (--memory-limit-gb; this "
+                 f"machine has {total_memory_gib() or 0:.1f} GiB)")
+        return (f"{MEMORY_ERROR.value}: its inputs alone take {need / 2**30:.1f} GiB (get_inputs), more than {where}; "
+                "not run")
 
     def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
         """The baseline a timed reference run reported; stored for later runs unless EvalConfig.baselines is "off"

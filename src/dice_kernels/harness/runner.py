@@ -25,7 +25,7 @@ from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.host_memory import OutputLedger
 from dice_kernels.harness.outcomes import EvalResult, Outcome
 from dice_kernels.harness.platform import Platform, device_lock_key  # noqa: F401 - part of this module's API
-from dice_kernels.harness.progress import Progress
+from dice_kernels.harness.progress import QUEUED, Progress
 from dice_kernels.harness.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
@@ -188,6 +188,7 @@ class Evaluator:
                 builds: dict[str, Future] = {}
                 users_of: dict[Future, list[int]] = {}  # a build -> the pairs that wait for it
                 for i in todo:  # submitted in task order
+                    bar.phase(pairs[i][1].id, QUEUED)
                     sha = pairs[i][1].sha256
                     if sha not in builds:
                         builds[sha] = build_pool.submit(build_for, i)
@@ -203,6 +204,8 @@ class Evaluator:
                     for f in finished:
                         if f in building:
                             building.discard(f)
+                            for i in users_of[f]:  # built: waiting for a run worker
+                                bar.phase(pairs[i][1].id, QUEUED)
                             pending.update(run_pool.submit(process, i, f) for i in users_of[f])
                             continue
                         pending.discard(f)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from dice_kernels.harness import gpu_lock, sandbox
 from dice_kernels.harness.compare import TrialJudge
-from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.config import EvalConfig, total_memory_gib
 from dice_kernels.harness.forkserver import ForkServer, ForkServerDown
 from dice_kernels.harness.host_memory import OutputsDeferred
 from dice_kernels.harness.outcomes import Outcome
@@ -25,6 +25,8 @@ from dice_kernels.harness.tensor_stream import OutputsTooLarge, read_trials
 from dice_kernels.harness.timing import tensor_bytes
 
 _WORKER = "dice_kernels.harness.worker"
+# host memory exhausted (a worker over --memory-limit-gb, outputs too large): not a CUDA fault
+MEMORY_ERROR = getattr(Outcome, "MEMORY_ERROR", Outcome.CUDA_MEMORY_ERROR)  # until outcomes.py names it
 
 
 @dataclass
@@ -166,7 +168,7 @@ class Workers:
         if isinstance(rep.exit.data_error, OutputsDeferred):
             res = {"status": "deferred", "need": rep.exit.data_error.need, "error": str(rep.exit.data_error)}
         elif isinstance(rep.exit.data_error, OutputsTooLarge):  # a memory limit, like a worker over its own
-            res = {"status": "error", "kind": Outcome.CUDA_MEMORY_ERROR.value,
+            res = {"status": "error", "kind": MEMORY_ERROR.value,
                    "error": f"outputs too large: {rep.exit.data_error}"}
         elif res is None:
             kind, error = death_outcome(rep.exit, self.config, phase="run", timeout_s=timeout_s)
@@ -257,12 +259,17 @@ def death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str, timeou
     if exit_.timed_out:
         return Outcome.TIMEOUT, f"{phase} exceeded the {timeout_s:.4g}s wall-clock limit"
     if exit_.memory_exceeded:
-        return Outcome.CUDA_MEMORY_ERROR, f"exceeded the host memory limit of {cfg.memory_limit_gb:g} GiB"
+        return MEMORY_ERROR, (f"exceeded the host memory limit of {cfg.memory_limit_gb:g} GiB (--memory-limit-gb; "
+                              f"this machine has {total_memory_gib() or 0:.1f} GiB)")
     sig = exit_.signal_name
     if sig == "SIGXFSZ":
         return Outcome.RUNTIME_ERROR, f"wrote a file larger than the {cfg.file_limit_mb} MiB limit"
+    if sig == "SIGKILL":  # not ours (a timeout or the watchdog says so above): the OS, e.g. its OOM killer
+        return MEMORY_ERROR, ("killed by the operating system (SIGKILL), most likely its out-of-memory killer: "
+                              f"lower --memory-limit-gb (now {cfg.memory_limit_gb:g} GiB) or run fewer workers")
     if sig:
-        kind = Outcome.CUDA_MEMORY_ERROR if "memory" in tail.lower() else Outcome.RUNTIME_ERROR
+        kind = (Outcome.CUDA_MEMORY_ERROR if cfg.resolved_backend() == "cuda" else MEMORY_ERROR) \
+            if "memory" in tail.lower() else Outcome.RUNTIME_ERROR
         return kind, f"worker crashed with {sig}" + (f": {tail}" if tail else "")
     kind = Outcome.PYTHON_ERROR if phase == "build" else Outcome.RUNTIME_ERROR
     return kind, f"worker exited with code {exit_.returncode} without reporting (os._exit or abort?)" + (

@@ -138,6 +138,17 @@ def _got_expected(row: dict) -> bool:
     return got == row["expected"] or row["outcome"] == row["expected"]
 
 
+def expectation_note(results: list[EvalResult]) -> str:
+    """Whether the candidates whose files say what they should get got it ("" when none says)."""
+    said = [r for r in candidate_rows(results) if r["expected"]]
+    missed = [r["file"] for r in said if not _got_expected(r)]
+    if not said:
+        return ""
+    if not missed:
+        return f"all {len(said)} candidates got the outcome their file expects"
+    return f"{len(missed)} of {len(said)} candidates did not get the outcome their file expects: {', '.join(missed)}"
+
+
 def candidate_table(results: list[EvalResult]):
     from rich.table import Table
 

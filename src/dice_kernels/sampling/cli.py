@@ -13,7 +13,10 @@ from typing import Optional
 
 import typer
 
+from dice_kernels.cli_errors import fail
+
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
+
 
 
 def generate(
@@ -54,14 +57,17 @@ def generate(
       dice generate -c ckpt/SDAR-4B-Chat -p "Write a CUDA kernel for a 2D transpose." --temperature 1.0 --seed 0
     """
     if (prompt is None) == (task is None):
-        raise typer.BadParameter("give exactly one of --prompt or --task")
+        fail("give exactly one of --prompt or --task")
     if run_eval and task is None:
-        raise typer.BadParameter("--eval needs --task")
+        fail("--eval needs --task")
     if out is not None and out.suffix == ".py":
-        raise typer.BadParameter("--out saves the raw model output, which `dice eval` reads as code when the file "
-                                 "ends in .py; use .md or .txt so it extracts the first ```python block")
+        fail("--out saves the raw model output, which `dice eval` reads as code when the file ends in .py; use .md "
+              "or .txt so it extracts the first ```python block")
     if dtype not in _DTYPES:
-        raise typer.BadParameter(f"--dtype must be one of {_DTYPES}")
+        fail(f"--dtype must be one of {', '.join(_DTYPES)}")
+    if not (checkpoint / "config.json").is_file():
+        fail(f"--checkpoint {checkpoint}: no config.json, so not a Hugging Face checkpoint directory (give the "
+              "directory holding config.json, *.safetensors and tokenizer.json)")
 
     import torch
 
