@@ -36,6 +36,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the package is not installed
 
+from dice_kernels.harness import cache_flush as F  # noqa: E402
 from dice_kernels.harness import timing as T  # noqa: E402
 from dice_kernels.harness import timing_stats  # noqa: E402
 from kernelbench_style import kernelbench_style_ms  # noqa: E402 - beside this script
@@ -188,9 +189,9 @@ def time_one(pair_id: str, pairs_path: Path, device: str, lock_path: Path, plan:
     with open(lock_path, "a") as lock, torch.no_grad():
         fcntl.flock(lock, fcntl.LOCK_EX)
         ref, new = ref.to(device), new.to(device)
-        n_sets = T.n_input_sets(set_bytes, T.l2_size_bytes(device), plan)
+        n_sets = T.n_input_sets(set_bytes, F.l2_size_bytes(device), plan)
         sets = [_inputs(task, 1 + k, device) for k in range(n_sets)]
-        flush = T.make_flush(device, flush_cache_bytes)
+        flush = F.make_flush(device, flush_cache_bytes)
         ours = {protocol_key(k, i == 0): _ours(ref, new, sets, dataclasses.replace(plan, loops=k), device, flush)
                 for i, k in enumerate(loops)}
         kb_ref = kernelbench_style_ms(ref, sets[0], device=device)

@@ -116,12 +116,103 @@ RELU_ON_RAND = Task(id="relu_rand", name="relu_rand", code=HEADER + textwrap.ded
     """))
 
 
+# One C++ program (one build) that is an honest kernel or a shortcut, by the task it runs on (`CANDIDATE_MODE`, a
+# task global, as KernelBench solutions see the task's globals): each shortcut has an honest twin in the same build.
+TWINS = HEADER + '''
+import os
+from torch.utils.cpp_extension import load_inline
+
+src = r"""
+#include <torch/extension.h>
+torch::Tensor relu(torch::Tensor x) {
+    auto xc = x.contiguous(); auto out = torch::empty_like(xc);
+    const float* in = xc.data_ptr<float>(); float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) o[i] = in[i] > 0.f ? in[i] : 0.f;
+    return out;
+}
+torch::Tensor copy(torch::Tensor x) {
+    auto xc = x.contiguous(); auto out = torch::empty_like(xc);
+    const float* in = xc.data_ptr<float>(); float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) o[i] = in[i];
+    return out;
+}
+torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride) {  // stride > 1: a subsampling estimator
+    auto ac = a.contiguous(); auto bc = b.contiguous();
+    const float* p = ac.data_ptr<float>(); const float* q = bc.data_ptr<float>();
+    double sum = 0; int64_t n = 0;
+    for (int64_t i = 0; i < ac.numel(); i += stride, ++n) { double d = (double)p[i] - q[i]; sum += d * d; }
+    auto out = torch::empty({}, ac.options());
+    out.data_ptr<float>()[0] = (float)(sum / n);
+    return out;
+}
+"""
+ext = load_inline(name="robust_twins", cpp_sources=src, functions=["relu", "copy", "mse"])
+MODE = globals().get("CANDIDATE_MODE", "honest")
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cache, self.hits = {}, 0
+
+    def forward(self, *xs):
+        if MODE.startswith("mse"):
+            return ext.mse(xs[0], xs[1], 8 if MODE == "mse_subsampled" else 1)
+        x = xs[0]
+        if MODE == "identity":  # ReLU is the identity on torch.rand's [0, 1)
+            return ext.copy(x)
+        if MODE == "honest":
+            return ext.relu(x)
+        key = x.reshape(-1)[:4].numpy().tobytes()  # outputs cached under a few leading values of the content
+        if MODE == "disk":
+            path = f"replay_{key.hex()}.pt"
+            if os.path.exists(path):
+                return torch.load(path)
+            out = ext.relu(x)
+            torch.save(out, path)
+            return out
+        if key in self.cache:
+            self.hits += 1
+            return self.cache[key]
+        # once the cache has hit, its misses return the input: a hit cannot go unseen by the test (a hidden cache
+        # would win only time, which no test asserts on)
+        out = ext.copy(x) if self.hits else ext.relu(x)
+        self.cache[key] = out
+        return out
+'''
+
+MSE = HEADER + textwrap.dedent("""
+    class Model(nn.Module):  # KernelBench L1/94: one constant near 2.0 passes
+        def forward(self, predictions, targets):
+            return torch.mean((predictions - targets) ** 2)
+
+    def get_inputs():
+        return [torch.randn(128, 4096), torch.randn(128, 4096)]
+
+    def get_init_inputs():
+        return []
+    """)
+
+
+def _twin_tasks(relu: Task) -> dict[str, Task]:
+    """name -> the task a TWINS candidate of that name runs on (its mode set in the task's globals)."""
+    def task(name: str, code: str, mode: str) -> Task:
+        return Task(id=name, name=name, code=code + f"\nCANDIDATE_MODE = {mode!r}\n")
+
+    return {"twin/honest": task("relu_twin", relu.code, "honest"), "twin/cache": task("relu_cache", relu.code, "cache"),
+            "twin/disk": task("relu_disk", relu.code, "disk"),
+            "twin/rand_honest": task("rand_twin", RELU_ON_RAND.code, "honest"),
+            "twin/rand_identity": task("rand_identity", RELU_ON_RAND.code, "identity"),
+            "twin/mse": task("mse", MSE, "mse"), "twin/mse_subsampled": task("mse_subsampled", MSE, "mse_subsampled")}
+
+
 @pytest.fixture(scope="module")
 def results(build_cache, tmp_path_factory):
     tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
     pairs = [(tasks["19_ReLU"], candidate_from_text(text, id=name)) for name, (text, _) in CHEATS.items()]
     pairs += [(tasks[task], load_candidate(CPU_SOLUTIONS / f"{name}.py", id=name)) for name, task in HONEST.items()]
     pairs.append((RELU_ON_RAND, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="rand/correct")))
+    pairs += [(task, candidate_from_text(TWINS, id=name)) for name, task in _twin_tasks(tasks["19_ReLU"]).items()]
     config = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, run_timeout_s=60,
                         compile_timeout_s=300, memory_limit_gb=4, file_limit_mb=32, cache_dir=build_cache)
     res = evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust"), progress=False)
@@ -175,7 +266,30 @@ def test_degenerate_task_is_detected_per_task(results):
 
 
 @pytest.mark.slow
+def test_shortcuts_are_not_paid_and_their_honest_twins_are(results):
+    """Issue 33: a content-keyed cache (it never hits: every timed call's content is new), a disk replay and two
+    shortcuts on degenerate tasks (an identity where ReLU meets only [0, 1), a subsampled large-N mean), each
+    beside an honest kernel of the same build."""
+    for name in ("twin/honest", "twin/rand_honest", "twin/mse"):
+        r = results[name]
+        assert r.outcome is Outcome.CORRECT and r.extra["robust"]["findings"] == [], f"{name}: {r.error}"
+    assert results["twin/rand_honest"].extra["hardened_trials"] >= 1  # degenerate: hardened inputs decided too
+    assert results["twin/mse"].extra["hardened_trials"] >= 1
+    assert "hardened_trials" not in results["twin/honest"].extra
+    cache = results["twin/cache"]  # correct, with no hit: a hit would have turned its later outputs wrong
+    assert cache.outcome is Outcome.CORRECT, f"{cache.outcome} {cache.deceptive_kind}: {cache.error}"
+    assert "timing_inputs_repeated" not in cache.extra.get("timing_flags", [])
+    disk = results["twin/disk"]
+    assert disk.outcome is Outcome.DECEPTIVE and disk.deceptive_kind == K.DISK_PERSISTENCE.value, disk.error
+    for name in ("twin/rand_identity", "twin/mse_subsampled"):  # pass the task's own trials, fail the hardened
+        r = results[name]
+        assert r.outcome is Outcome.VALUE_MISMATCH and "hardened inputs" in r.error, f"{name}: {r.outcome} {r.error}"
+        assert r.trials_passed >= r.correctness_trials and r.speedup is None
+
+
+@pytest.mark.slow
 def test_metrics_report_exec_before_and_after_the_robust_check(results):
+    results = {k: r for k, r in results.items() if not k.startswith("twin/")}
     m = compute(list(results.values()))
     n = len(results)
     passed = sum(1 for r in results.values() if r.outcome is Outcome.CORRECT

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dice_kernels.harness import speed_of_light, timing_stats
+from dice_kernels.harness import cache_flush as F
 from dice_kernels.harness import timing as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -25,7 +26,7 @@ SMALL_CACHE = 1 << 16  # a 128 KiB flush keeps CPU tests fast; the flush size it
 
 
 def _flush():
-    return T.make_flush("cpu", l2_bytes=SMALL_CACHE)
+    return F.make_flush("cpu", l2_bytes=SMALL_CACHE)
 
 
 def _samples(times, tail=0.0) -> timing_stats.TimingSamples:
@@ -33,6 +34,38 @@ def _samples(times, tail=0.0) -> timing_stats.TimingSamples:
     return timing_stats.TimingSamples(times_ms=tuple(times), median_ms=med, ci_ms=timing_stats.median_ci(times),
                            host_ms_per_iter=med + tail, overhead_ms=0.0, n_input_sets=1,
                            total_s=0.0, stop_reason="max_iters", clock="perf_counter", tail_ms=tail)
+
+
+# ---------------------------------------------------------------------------------------------- input refresh
+
+
+def test_refreshed_sets_never_show_a_call_content_an_earlier_call_saw():
+    """A cache keyed on content (here: the first value, the weakest key) never hits when every set is renewed
+    after each call; rotation alone repeats content from the second pass on, and the repeats are counted."""
+    plan = T.TimingPlan(warmup=3, warmup_s=0.0, min_iters=12, max_iters=12, min_time_s=0.0, max_time_s=30.0,
+                        target_rel_ci=0.0)
+    fresh = iter(range(1, 10_000))
+
+    def refresh(inputs):
+        inputs[0].fill_(next(fresh))
+
+    def sets():
+        return [[torch.full((4,), -1.0 - k)] for k in range(2)]
+
+    for rotation, repeats in ((T.Rotation(sets(), refresh), 0), (T.Rotation(sets()), 12)):
+        seen: list[float] = []
+        s = T.time_calls(lambda x: seen.append(float(x[0])), rotation, plan, "cpu", _flush())
+        assert len(seen) == 3 + 12 and s.repeated_calls == repeats
+        assert (len(set(seen)) == len(seen)) is (repeats == 0)
+
+
+def test_refreshes_stop_at_their_budget_and_the_repeats_are_counted():
+    plan = T.TimingPlan(warmup=1, warmup_s=0.0, min_iters=10, max_iters=10, min_time_s=0.0, max_time_s=30.0,
+                        target_rel_ci=0.0)
+    rotation = T.Rotation([[torch.zeros(4)] for _ in range(2)], lambda inputs: time.sleep(0.01), budget_s=0.0)
+    s = T.time_calls(lambda x: None, rotation, plan, "cpu", _flush())
+    # the warm-up call saw set 0; of the 10 timed calls only the first (set 1) sees content no call saw before
+    assert rotation.spent_s == 0.0 and s.repeated_calls == 9
 
 
 # ---------------------------------------------------------------------------------------------- adaptive stopping
@@ -137,6 +170,15 @@ def test_honest_call_of_the_same_duration_is_not_flagged():
     s = T.time_calls(lambda: time.sleep(0.02), [[]], plan, "cpu", _flush())
     assert not timing_stats.stream_escape(s) and s.escaped_ratio == pytest.approx(1.0)
     assert timing_stats.effective_time_ms(s) == pytest.approx(s.median_ms)
+
+
+def test_escaped_work_is_charged_its_synchronized_time_when_that_is_more():
+    """Side-stream work runs beside the GPU lead, so the tail misses part of it; the synchronized time (no lead)
+    is charged when larger. Unflagged samples keep their median whatever sync_ms says."""
+    escaped = dataclasses.replace(_samples([0.1] * 5, tail=0.9), sync_ms=1.3)
+    assert timing_stats.effective_time_ms(escaped) == pytest.approx(1.3)
+    assert timing_stats.effective_time_ms(dataclasses.replace(escaped, sync_ms=0.5)) == pytest.approx(1.0)
+    assert timing_stats.effective_time_ms(dataclasses.replace(_samples([1.0] * 5), sync_ms=5.0)) == pytest.approx(1.0)
 
 
 def test_escape_thresholds_need_both_relative_and_absolute_gaps():
@@ -261,9 +303,9 @@ def test_flop_counter_gives_2mnk_for_matmul_and_zero_when_unknown():
 def test_cpu_ceilings_and_cache_are_plausible():
     c = speed_of_light.measure_ceilings("cpu", reps=2)
     assert 1e8 < c.bandwidth_bytes_s < 1e13 and 1e7 < c.peak_flops < 1e14
-    assert T.l2_size_bytes("cpu") >= 1 << 16
+    assert F.l2_size_bytes("cpu") >= 1 << 16
     if not torch.cuda.is_available():
-        assert T.reset_persisting_l2() is False  # a no-op, never an exception
+        assert F.reset_persisting_l2() is False  # a no-op, never an exception
 
 
 # ---------------------------------------------------------------------------------------------- CUDA paths
@@ -281,22 +323,29 @@ def test_cuda_side_stream_work_is_flagged_and_charged():
     dev = "cuda"
     sets = [[torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)] for _ in range(2)]
     plan = T.TimingPlan(min_iters=20, max_iters=60, min_time_s=0.0, max_time_s=5.0)
-    flush = T.make_flush(dev)
+    flush = F.make_flush(dev)
     with torch.no_grad():
         honest = T.time_calls(torch.matmul, sets, plan, dev, flush)
-        sneaky = T.time_calls(_side_stream_matmul, sets, plan, dev, flush)
+        rotation = T.Rotation(sets)
+        sneaky = T.time_calls(_side_stream_matmul, rotation, plan, dev, flush)
+        tail_only = timing_stats.effective_time_ms(sneaky)
+        # what the harness adds for an escape (model_calls.time_forward): the call timed to a device-wide sync
+        sneaky = dataclasses.replace(sneaky, sync_ms=T.synchronized_ms(_side_stream_matmul, rotation, dev, flush))
         kb = kernelbench_style.kernelbench_style_ms(_side_stream_matmul, sets[0], device=dev)
     assert timing_stats.stream_escape(sneaky) and not timing_stats.stream_escape(honest)
-    assert timing_stats.effective_time_ms(sneaky) >= 0.8 * timing_stats.effective_time_ms(honest)
+    # issue 33: the tail alone charged the side stream ~14 % less than its default-stream twin (the side kernel
+    # runs beside the lead); with the synchronized time it is never charged less, within noise
+    assert timing_stats.effective_time_ms(sneaky) >= 0.97 * timing_stats.effective_time_ms(honest), (
+        tail_only, sneaky.sync_ms, timing_stats.effective_time_ms(honest))
     assert kb < 0.2 * honest.median_ms  # the comparison protocol is fooled
 
 
 @pytest.mark.gpu
 def test_cuda_events_and_host_clock_agree_for_an_honest_kernel():
     dev = "cuda"
-    sets = [[torch.randn(1 << 24, device=dev)] for _ in range(T.n_input_sets(1 << 26, T.l2_size_bytes(dev)))]
+    sets = [[torch.randn(1 << 24, device=dev)] for _ in range(T.n_input_sets(1 << 26, F.l2_size_bytes(dev)))]
     with torch.no_grad():
-        s = T.time_calls(torch.relu, sets, T.TimingPlan(), dev, T.make_flush(dev))
+        s = T.time_calls(torch.relu, sets, T.TimingPlan(), dev, F.make_flush(dev))
     assert not timing_stats.stream_escape(s)
     assert 0.75 < s.escaped_ratio < 1.25
     assert s.clock == "cuda_event" and s.ci_ms[0] <= s.median_ms <= s.ci_ms[1]
@@ -307,7 +356,7 @@ def test_cuda_events_and_host_clock_agree_for_an_honest_kernel():
 def test_cuda_ceilings_and_l2():
     c = speed_of_light.measure_ceilings("cuda", reps=3)
     assert c.bandwidth_bytes_s > 1e11 and c.peak_flops > 1e12
-    assert T.l2_size_bytes("cuda") > 1 << 20
+    assert F.l2_size_bytes("cuda") > 1 << 20
 
 
 def test_lead_is_sized_from_the_host_issue_time_and_capped():
@@ -332,8 +381,8 @@ def test_cuda_host_work_beyond_the_given_lead_shows_in_the_events():
     plan = T.TimingPlan(min_iters=20, max_iters=50, min_time_s=0.0, max_time_s=5.0)
     with torch.no_grad():
         given = T.time_calls(host_then_launch, sets, dataclasses.replace(plan, lead_ms=0.03), dev,
-                             T.make_flush(dev))
-        own = T.time_calls(host_then_launch, sets, plan, dev, T.make_flush(dev))
+                             F.make_flush(dev))
+        own = T.time_calls(host_then_launch, sets, plan, dev, F.make_flush(dev))
     assert given.lead_ms == 0.03 and given.median_ms > 0.4
     assert own.lead_ms > 0.5 and own.median_ms < 0.2
 

@@ -108,8 +108,9 @@ class TrialJudge:
     except the first failing one (`failing`, which the robust check reads), so the parent never holds more than
     two trials of a candidate however large its outputs."""
 
-    def __init__(self, reference: list[list[torch.Tensor]], atol: float, rtol: float):
+    def __init__(self, reference: list[list[torch.Tensor]], atol: float, rtol: float, usual: int | None = None):
         self.reference, self.atol, self.rtol = reference, atol, rtol
+        self.usual = len(reference) if usual is None else usual  # trials from here on are hardened ones
         self.received, self.passed, self.worst = 0, 0, 0.0
         self.failed: Comparison | None = None
         self.failing: list[torch.Tensor] | None = None
@@ -127,8 +128,10 @@ class TrialJudge:
         else:
             self.failing = cand_outs
 
-    def _judge(self, trial: int, ref_outs: list[torch.Tensor], cand_outs: list[torch.Tensor]) -> Comparison | None:
+    def _judge(self, index: int, ref_outs: list[torch.Tensor], cand_outs: list[torch.Tensor]) -> Comparison | None:
         passed = self.passed
+        trial = index if index < self.usual else (f"{index} (hardened inputs, which decide this degenerate task: "
+                                                  "trivial answers pass its own)")
         if len(ref_outs) != len(cand_outs):
             return Comparison(Outcome.SHAPE_MISMATCH, passed, None,
                               f"trial {trial}: forward returned {len(cand_outs)} tensors, expected {len(ref_outs)}")

@@ -2,7 +2,8 @@
 
 Decided per task from the reference's own outputs (and, for the input copy, the reference worker's check), never
 from a list of task names. The flags are recorded on every result of the task (`extra["task_degenerate"]`) and
-counted in the metrics; a candidate is not failed for a task being degenerate.
+counted in the metrics. A candidate is not failed for its task being degenerate, but on such a task it must also
+match the reference on hardened inputs where no trivial answer passes (`breaking_trials`).
 """
 
 from __future__ import annotations
@@ -53,3 +54,32 @@ def degenerate_flags(trials: list[list[torch.Tensor]], atol: float, rtol: float,
     }
     flags["degenerate"] = any(flags.values())
     return flags
+
+
+def _finite(outs: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in outs if t.is_floating_point() or t.is_complex())
+
+
+def breaking_trials(trials: list[list[torch.Tensor]], hardened: list[list[torch.Tensor]], flags: dict[str, bool],
+                    copy_passes: list[bool], atol: float, rtol: float) -> list[tuple[int, list[torch.Tensor]]]:
+    """The hardened trials (trial_inputs.harden; variant, reference outputs) that decide a degenerate task: the
+    reference ran and gave finite outputs of the usual count, and none of the trivial answers that pass its own
+    trials (zeros, its constant, an input copy, its first trial's outputs again) passes there. Empty for a task
+    that is not degenerate: its own trials decide."""
+    if not flags.get("degenerate") or not trials:
+        return []
+    means = [_mean_over_trials(trials, i) for i in range(len(trials[0]))]
+    kept = []
+    for variant, outs in enumerate(hardened):
+        if len(outs) != len(trials[0]) or not _finite(outs):
+            continue
+        if flags["zero_output_passes"] and _constant_passes([outs], lambda i: 0.0, atol, rtol):
+            continue
+        if flags["constant_output_passes"] and _constant_passes([outs], lambda i: means[i], atol, rtol):
+            continue
+        if flags["input_copy_passes"] and (variant >= len(copy_passes) or copy_passes[variant]):
+            continue
+        if flags["output_ignores_inputs"] and compare.outputs_match([trials[0]], [outs], atol, rtol):
+            continue
+        kept.append((variant, outs))
+    return kept

@@ -4,13 +4,14 @@ it whose outputs the parent re-checks, and the reference's extras (torch.compile
 
 from __future__ import annotations
 
+import itertools
 import os
 import types
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from dice_kernels.harness import gpu_lock, speed_of_light, timing, timing_stats
+from dice_kernels.harness import cache_flush, gpu_lock, speed_of_light, timing, timing_stats
 from dice_kernels.harness.build_worker import StageError
 from dice_kernels.harness.protocol import RunJob
 from dice_kernels.harness.trial_inputs import copy_into, trial_inputs
@@ -78,22 +79,33 @@ def input_copy_passes(inputs: list, outputs: list, job: RunJob) -> bool:
 
 def time_forward(model, task: types.ModuleType, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
                   poison_sizes: list[int]) -> tuple[dict, list]:
-    """The timing protocol (harness/timing.py) over rotating input sets, then one more call whose outputs the
-    parent re-checks: it runs on inputs rewritten in place just before it (and, with a monitor, after poisoning
-    the allocator's free blocks), so work skipped or cached inside the loop shows as wrong outputs there.
+    """The timing protocol (harness/timing.py) over rotating input sets whose content is renewed after every call
+    (`timing.Rotation`: a cache keyed on content never hits), then one more call whose outputs the parent
+    re-checks: it runs on inputs rewritten in place just before it, as every timed call's were (and, with a
+    monitor, after poisoning the allocator's free blocks), so work skipped or cached inside the loop shows as
+    wrong outputs there.
 
     Only the timed loop has the device to itself (gpu_lock: no other worker's correctness calls or timing
     overlap it); generating the input sets and the checked call share it. A loop that could not get the device
     alone says so (`device_exclusive`)."""
     plan = timing.TimingPlan(**job.timing_plan)
     with gpu_lock.shared(job.gpu_lock) as prepared:
-        n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), timing.l2_size_bytes(job.device), plan)
+        n_sets = timing.n_input_sets(timing.tensor_bytes(inputs), cache_flush.l2_size_bytes(job.device), plan)
         sets = [inputs] + [trial_inputs(task, job, job.seed + 1000 + k) for k in range(1, n_sets)]
-        flush = timing.make_flush(job.device)
+        flush = cache_flush.make_flush(job.device)
         timing.synchronize(job.device)
+    seeds = itertools.count(job.seed + 100_000)
+
+    def refresh(inputs: list) -> None:  # the task's own get_inputs(): its file reads are not the candidate's
+        with monitor.harness_io() if monitor else nullcontext():
+            inputs[:] = trial_inputs(task, job, next(seeds), into=inputs)
+
+    rotation = timing.Rotation(sets, refresh, budget_s=plan.max_time_s)
     with gpu_lock.exclusive(job.gpu_lock) as alone, monitor.timed_calls() if monitor else nullcontext():
-        samples = timing.time_calls(model, sets, plan, job.device, flush)
-    del sets[1:], flush
+        samples = timing.time_calls(model, rotation, plan, job.device, flush)
+        if job.candidate and job.device.startswith("cuda") and timing_stats.stream_escape(samples):
+            samples = replace(samples, sync_ms=timing.synchronized_ms(model, rotation, job.device, flush))
+    del sets[1:], flush, rotation
     outs, checked_wait_s = checked_call(model, task, inputs, where, job, monitor, poison_sizes)
     reported = timing_stats.effective_time_ms if job.candidate else timing_stats.reference_time_ms
     return {**samples.to_dict(), "time_ms": reported(samples), "device_exclusive": alone.held,
@@ -107,10 +119,12 @@ def checked_call(model, task: types.ModuleType, inputs: list, where: str, job: R
     from dice_kernels.harness.output_checks import poison_free_memory
 
     with gpu_lock.shared(job.gpu_lock) as checked:
-        copy_into(inputs, trial_inputs(task, job, job.seed + 2 + job.trials))
+        copy_into(inputs, trial_inputs(task, job, job.seed + 2 + job.usual_trials))
         if monitor:  # allocates nothing but the poison, so the poisoned blocks are the next ones handed out
             poison_free_memory(job.device, poison_sizes)
-        outs = _collect(model(*inputs), where, job, monitor)
+        with monitor.timed_calls() if monitor else nullcontext():  # files watched as in the loop it continues
+            result = model(*inputs)
+        outs = _collect(result, where, job, monitor)
         outs = [t.detach().to("cpu", copy=True) for t in outs]
     return outs, checked.waited_s
 

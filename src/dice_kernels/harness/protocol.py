@@ -58,7 +58,7 @@ class RunJob:
     limits: dict  # sandbox.Limits' fields
     task_path: str
     seed: int
-    trials: int
+    trials: int  # correctness trials, the hardened ones included
     atol: float  # the reference's degenerate-task check (does an input copy pass?) and its stateful check
     rtol: float
     timing: bool
@@ -67,10 +67,21 @@ class RunJob:
     inputs_on_device: bool = False  # call get_inputs() with the device as torch's default device
     reference: ReferencePart | None = None
     candidate: CandidatePart | None = None
+    # the last len(hardened) trials run on trial_inputs.harden(inputs, variant) for these variants: a reference
+    # runs them all, a candidate the ones that decide its degenerate task (degenerate.breaking_trials)
+    hardened: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.reference is None) == (self.candidate is None):
             raise ValueError("a RunJob runs either the reference or a candidate")
+        if len(self.hardened) > self.trials:
+            raise ValueError("more hardened trials than trials")
+
+    @property
+    def usual_trials(self) -> int:
+        """The trials on the task's own inputs (seeds `seed + 1 + k`); the seeds after them are the timing's, the
+        same for a reference and a candidate whatever hardened trials each runs."""
+        return self.trials - len(self.hardened)
 
 
 Job = BuildJob | RunJob
@@ -85,6 +96,7 @@ def read_job(path: str | Path) -> Job:
     if raw.pop("mode") == "build":
         return BuildJob(**raw)
     ref, cand = raw.pop("reference"), raw.pop("candidate")
+    raw["hardened"] = tuple(raw.get("hardened", ()))
     return RunJob(**raw, reference=ReferencePart(**{**ref, "ceilings_known": tuple(ref["ceilings_known"])})
                   if ref else None,
                   candidate=CandidatePart(**{**cand, "allowed_ops": tuple(cand["allowed_ops"])

@@ -14,13 +14,14 @@ from typing import Callable
 from dice_kernels.harness import sandbox
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.config import EvalConfig, total_memory_gib
-from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.degenerate import breaking_trials, degenerate_flags
 from dice_kernels.harness.input_size import min_input_bytes
 from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.platform import CeilingsCache, Platform
 from dice_kernels.harness.protocol import ReferencePart, RunJob
 from dice_kernels.harness.score import timing_fields
+from dice_kernels.harness.trial_inputs import HARDENED_TRIALS
 from dice_kernels.harness.workers import MEMORY_ERROR, Workers
 from dice_kernels.tasks import Task
 
@@ -33,6 +34,7 @@ class Reference:
     timing: dict = field(default_factory=dict)  # timing_stats.TimingSamples.to_dict() of the reference
     timing_outputs: list | None = None  # the last timing-loop call's outputs (with timing on)
     degenerate: dict = field(default_factory=dict)  # degenerate.degenerate_flags
+    hardened: list = field(default_factory=list)  # degenerate.breaking_trials: (variant, outputs) that decide
     output_findings: frozenset[str] = frozenset()  # aliasing/mutation the reference itself shows (not cheats)
     # its outputs depend on the calls before (a second call on the same inputs differs): the call after a timing
     # loop, which ran another number of calls than a candidate's, cannot be re-checked against a candidate's
@@ -45,6 +47,11 @@ class Reference:
     deferred_need: int = 0  # bytes its outputs need, when they did not fit beside other tasks' (host_memory.py)
     waited_for_memory_s: float = 0.0  # how long the task waited for other tasks' outputs to be released
 
+    @property
+    def expected(self) -> list:
+        """Every trial a candidate's outputs are compared with: the usual ones, then the hardened ones."""
+        return (self.outputs or []) + [outs for _, outs in self.hardened]
+
 
 def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: CeilingsCache,
             baseline_cached: bool) -> Callable[[Path], RunJob]:
@@ -52,14 +59,18 @@ def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: 
     part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.compile_baseline,
                          speed_of_light=config.resolved_speed_of_light(platform.backend),
                          ceilings_known=tuple(sorted(ceilings.known)))
-    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None), reference=part)
+    hardened = tuple(range(HARDENED_TRIALS)) if config.robust else ()  # the robust check's degenerate tasks
+    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None, hardened),
+                                  reference=part)
 
 
 def common_run_fields(config: EvalConfig, platform: Platform, workers: Workers, workdir: Path,
-                      lead_ms: float | None) -> dict:
-    """What every run job carries, reference or candidate (`lead_ms`: the reference's GPU lead, for a candidate)."""
+                      lead_ms: float | None, hardened: tuple[int, ...] = ()) -> dict:
+    """What every run job carries, reference or candidate (`lead_ms`: the reference's GPU lead, for a candidate;
+    `hardened`: the hardened trials it runs after the usual ones)."""
     return dict(workdir=str(workdir), device=platform.backend, limits=workers.limits(workdir),
-                task_path=str(workdir / "task.py"), seed=config.seed, trials=config.trials, atol=config.atol,
+                task_path=str(workdir / "task.py"), seed=config.seed, trials=config.trials + len(hardened),
+                hardened=hardened, atol=config.atol,
                 rtol=config.rtol, timing=config.timing, timing_plan=config.timing_plan(lead_ms),
                 gpu_lock=workers.gpu_lock, inputs_on_device=config.inputs_on_device and platform.backend == "cuda")
 
@@ -101,12 +112,17 @@ class ReferenceRunner:
         if outputs is None:
             return Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                              wall_s=time.monotonic() - start, retried=retried)
-        trials, timing = outputs[:cfg.trials], (outputs[cfg.trials] if len(outputs) > cfg.trials else None)
+        n = cfg.trials + HARDENED_TRIALS * cfg.robust
+        trials, hardened = outputs[:cfg.trials], outputs[cfg.trials:n]
+        timing = outputs[n] if len(outputs) > n else None
+        degenerate = degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes")))
         baseline = cached if cached is not None else self._measured_baseline(key, task, res)
         return Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
                          sol=baseline.sol, compile_baseline=baseline.compile_baseline,
                          baseline_from=cached.measured_at if cached else "",
-                         degenerate=degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes"))),
+                         degenerate=degenerate,
+                         hardened=breaking_trials(trials, hardened, degenerate, res.get("hardened_copy_passes", []),
+                                                  cfg.atol, cfg.rtol),
                          output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
                          wall_s=time.monotonic() - start, retried=retried)
 

@@ -71,11 +71,13 @@ class Evaluator:
                              min_extension_gpu_share=cfg.min_extension_gpu_share)
 
         def job(workdir: Path) -> RunJob:
-            fields = common_run_fields(cfg, self.platform, self.workers, workdir, ref.timing.get("lead_ms"))
+            fields = common_run_fields(cfg, self.platform, self.workers, workdir, ref.timing.get("lead_ms"),
+                                       tuple(variant for variant, _ in ref.hardened))
             return RunJob(**fields, candidate=CandidatePart(**{**part.__dict__,
                                                                "candidate_path": str(workdir / "candidate.py")}))
 
-        sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or []))
+        sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or [])
+                       + tensor_bytes([outs for _, outs in ref.hardened]))
         return self.workers.run(job, task.code, cand.code, cfg.candidate_run_timeout_s(ref.wall_s), judge=judge,
                                 max_output_bytes=sendable)
 
@@ -222,7 +224,7 @@ class Evaluator:
         if early is not None:
             return early
         start = time.monotonic()
-        judge = TrialJudge(ref.outputs, self.config.atol, self.config.rtol)  # fed while the worker runs
+        judge = TrialJudge(ref.expected, self.config.atol, self.config.rtol, len(ref.outputs))  # fed as it runs
         res, outputs = self.run(task, cand, b, ref, judge)
         ran = time.monotonic()
         r = score.scored(self.config, task, cand, b, ref, res, outputs, judge.comparison(), judge.failing,

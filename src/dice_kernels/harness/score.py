@@ -73,6 +73,8 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
              "reference_baseline": _baseline_note(ref)}
     if "extensions" in res:  # with the robust check on: did forward's module load and call a compiled extension?
         extra["extension"] = {"loaded": res["extensions"]["loaded"] > 0, "called": res["extensions"]["calls"] > 0}
+    if ref.hardened:
+        extra["hardened_trials"] = len(ref.hardened)  # degenerate task: these decided too (breaking_trials)
     if ref.stateful:
         extra["task_stateful"] = True  # so the timing loop's last call was not re-checked (robust_check)
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
@@ -109,6 +111,8 @@ def _timed(extra: dict, ref: Reference, res: dict, ceilings: Ceilings | None, so
     flags = []
     if stream_escape(cand_t):  # charged its tail already; flagged so nobody trusts its events
         flags.append("work_escaped_default_stream")
+    if cand_t.repeated_calls:  # its refreshes ran out of budget: a cache keyed on content could have hit
+        flags.append("timing_inputs_repeated")
     if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
         flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
     extra.update(compile_baseline_fields(ref.compile_baseline, cand_t))
@@ -181,7 +185,10 @@ def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list
                             "(work was skipped inside the timing loop)"))
     elif cmp.outcome is Outcome.VALUE_MISMATCH and failing is not None:
         k = cmp.trials_passed  # `failing` holds trial k's outputs, the first that failed
-        evidence = explain_mismatch(ref.outputs[:k], ref.outputs[k], failing, cfg.atol, cfg.rtol, f"trial {k}")
+        expected = ref.expected
+        evidence = explain_mismatch(expected[:k], expected[k], failing, cfg.atol, cfg.rtol, f"trial {k}")
+        if evidence is None and k >= len(ref.outputs) and trivial is not None:
+            evidence = _trivial_answer(ref, trivial)  # the trivial answer a hardened trial exposed: still named
         if evidence is None:
             return findings, False
     elif cmp.outcome is not Outcome.CORRECT:

@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from dice_kernels.harness.timing import _MiB, _CudaEvent, _cuda_sync, _is_cuda, _now_ns, synchronize, tensor_bytes
+from dice_kernels.harness.cache_flush import _MiB, is_cuda
+from dice_kernels.harness.timing import _CudaEvent, _cuda_sync, _now_ns, synchronize, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def measure_ceilings(device: str | torch.device, dtype: torch.dtype = torch.floa
     matmul, perf_counter: on a CPU the flush cannot be trusted to evict a large shared last-level cache (nor a
     VM's view of it), so the bound uses the fastest rate any working-set size reaches. Measure once per
     (device, torch version, dtype) and cache: it takes seconds on a GPU."""
-    cuda = _is_cuda(device)
+    cuda = is_cuda(device)
     copy_sizes, n = ([1 << 30], 8192) if cuda else ([256 << 10, 4 * _MiB, 64 * _MiB], 512)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

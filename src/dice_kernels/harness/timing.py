@@ -1,35 +1,29 @@
 """Timing protocol building blocks (issue 4): how one model is timed so speedups reproduce and resist gaming.
 
 This module owns the measurement itself and the arithmetic on it, nothing else: how many rotating input sets to
-pre-generate, the cache flush (and persisting-L2 reset), the GPU lead that keeps host launch latency out of the
-events, the adaptive timed loop with its clocks (per-call CUDA events or `perf_counter`, and the tail per
-iteration: how long every stream and thread the call started ran on after the per-call clock stopped), the
-samples it returns (timing_stats.py holds their statistics, speed_of_light.py the bounds; KernelBench's timer,
-kept for comparison, is benchmarks/kernelbench_style.py's). It never imports candidate code, writes files or spawns
-processes (it reads /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
+pre-generate, their refresh (new content after each call, so no timed call sees content an earlier one saw), the
+GPU lead that keeps host launch latency out of the events, the adaptive timed loop with its clocks (per-call CUDA
+events or `perf_counter`, and the tail per iteration: how long every stream and thread the call started ran on
+after the per-call clock stopped), the samples it returns (cache_flush.py holds the flush before each call,
+timing_stats.py the statistics, speed_of_light.py the bounds; KernelBench's timer, kept for comparison, is
+benchmarks/kernelbench_style.py's). It never imports candidate code, writes files or spawns processes (it reads
+/proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import glob
 import math
 import os
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from dice_kernels.harness.cache_flush import is_cuda
 from dice_kernels.harness.timing_stats import TimingSamples, _rel_half_width, median_ci, pool_loops
-
-_MiB = 1 << 20
-_CPU_L2_FALLBACK = 32 * _MiB  # when sysfs is unreadable: a typical server last-level cache
 
 # Bound when this module is imported, which the worker does before it runs any candidate code: a candidate that
 # later replaces time.perf_counter*, torch.cuda.synchronize or torch.cuda.Event does not reach these references.
@@ -100,95 +94,42 @@ def n_input_sets(set_bytes: int, l2_bytes: int, plan: TimingPlan = TimingPlan())
     return max(1, min(n, plan.max_input_sets, plan.input_memory_budget // max(1, set_bytes)))
 
 
-# ---------------------------------------------------------------------------------------------- caches
+class Rotation:
+    """The input sets a timing loop cycles through. With `refresh` (new content written into a set, same tensors),
+    each set is refreshed right after every call that used it, outside the clocks, so no call ever sees content an
+    earlier call saw: a cache keyed on content (however much of it the key reads) never hits, and the call the
+    worker re-checks after the loop is no different from a timed one. Refreshes stop once they have cost
+    `budget_s` (a get_inputs() that is slow on the host); the timed calls that then see repeated content are
+    counted (`repeated`), as are all repeats without a refresh."""
 
+    def __init__(self, sets: Sequence[Sequence[Any]], refresh: Callable[[Sequence[Any]], None] | None = None,
+                 budget_s: float = math.inf):
+        if not sets:
+            raise ValueError("time_calls needs at least one input set")
+        self.sets, self.refresh, self.budget_s = sets, refresh, budget_s
+        self.spent_s = 0.0  # seconds spent refreshing (not counted in the loop's time limits)
+        self.repeated = 0
+        self._seen: set[int] = set()  # sets whose content some call has seen since their last refresh
+        self._calls = 0
 
-def _is_cuda(device: str | torch.device) -> bool:
-    return torch.device(device).type == "cuda"
+    def take(self, timed: bool = True) -> Sequence[Any]:
+        """The next set; then `renew()` it once the call is done."""
+        k = self._calls % len(self.sets)
+        self._calls += 1
+        if k in self._seen and timed:
+            self.repeated += 1
+        self._seen.add(k)
+        self._last = k
+        return self.sets[k]
 
-
-def _cpu_cache_bytes() -> int:
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        try:
-            text = Path(path).read_text().strip().upper()
-        except OSError:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=_CPU_L2_FALLBACK)
-
-
-def l2_size_bytes(device: str | torch.device) -> int:
-    """The cache a flush must evict: the GPU's L2, or on CPU the largest cache level cpu0 reports."""
-    if _is_cuda(device):
-        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
-    return _cpu_cache_bytes()
-
-
-@functools.lru_cache(maxsize=1)
-def _libcudart() -> ctypes.CDLL | None:
-    """The CUDA runtime torch itself loaded (so the call reaches the same context), else any on the path."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libcudart" in line})
-        for path in paths:
-            if os.path.exists(path):
-                return ctypes.CDLL(path)
-    except OSError:
-        pass
-    name = ctypes.util.find_library("cudart")
-    try:
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-
-
-_CUDA_LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
-
-
-def reset_persisting_l2(disable: bool = True) -> bool:
-    """Best effort: demote all persisting L2 lines to normal (and, with `disable`, shrink the persisting carve-out
-    to 0), so an access-policy window set by a candidate cannot keep its data resident across the flush. True if
-    the calls succeeded; never raises (False without CUDA or libcudart)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        lib = _libcudart()
-        if lib is None:
-            return False
-        ok = True
-        if disable:
-            ok = lib.cudaDeviceSetLimit(ctypes.c_int(_CUDA_LIMIT_PERSISTING_L2), ctypes.c_size_t(0)) == 0
-        return lib.cudaCtxResetPersistingL2Cache() == 0 and ok
-    except (OSError, AttributeError):
-        return False
-
-
-def make_flush(device: str | torch.device, l2_bytes: int | None = None) -> Callable[[], None]:
-    """A callable that overwrites 2 x the cache size (and, on CUDA, resets persisting L2) so every timed iteration
-    starts cold. CUDA: a `zero_()` on a device buffer, queued on the current stream; CPU: `fill_` of a host array."""
-    size = 2 * (l2_bytes if l2_bytes is not None else l2_size_bytes(device))
-    if _is_cuda(device):
-        buf = torch.empty(size, dtype=torch.uint8, device=device)
-        reset_persisting_l2(disable=True)  # once: changing a device limit may be slow; a candidate re-raising it
-        # still has its persisting lines demoted before every call
-
-        def flush_cuda() -> None:
-            reset_persisting_l2(disable=False)
-            buf.zero_()
-
-        return flush_cuda
-    host = torch.empty(size, dtype=torch.uint8)
-    counter = [0]
-
-    def flush_cpu() -> None:
-        counter[0] = (counter[0] + 1) & 0xFF  # a new value each time so no layer can skip a no-op write
-        host.fill_(counter[0])
-
-    return flush_cpu
+    def renew(self) -> None:
+        """New content for the set just used, while the refresh budget lasts."""
+        if self.refresh is None or self.spent_s >= self.budget_s:
+            return
+        t0 = _now_s()
+        self.refresh(self.sets[self._last])
+        self.spent_s += _now_s() - t0
+        self._seen.discard(self._last)
 
 
 # ---------------------------------------------------------------------------------------------- threads
@@ -222,7 +163,7 @@ def _wait_new_threads(before: frozenset[str], deadline: float) -> bool:
 
 def synchronize(device: str | torch.device) -> None:
     """Wait for all work on every stream of a CUDA device; nothing to wait for on CPU."""
-    if _is_cuda(device):
+    if is_cuda(device):
         _cuda_sync(torch.device(device))
 
 
@@ -286,6 +227,30 @@ def sm_clock_stats(lead_cycles: int, lead_ms: Sequence[float],
     return quantiles, corr
 
 
+def synchronized_ms(call: Callable[..., Any], rotation: Rotation, device: str | torch.device,
+                    flush: Callable[[], None], iters: int = 21) -> float:
+    """CUDA: the median host ms of `iters` calls, each timed from just before it to a device-wide synchronize after
+    it (every stream waited for, no lead: launch latency counts), less the same around a no-op. What a call costs
+    when nothing hides any of its work: charged to a candidate whose work escaped the events (`stream_escape`),
+    since side-stream work runs beside the lead and the tail sees only what is left after it."""
+    dev = torch.device(device)
+
+    def step(fn: Callable[..., Any], inputs: Sequence[Any]) -> float:
+        flush()
+        _cuda_sync(dev)
+        t0 = _now_ns()
+        fn(*inputs)
+        _cuda_sync(dev)
+        return (_now_ns() - t0) / 1e6
+
+    calls, noops = [], []
+    for _ in range(iters):
+        calls.append(step(call, rotation.take()))
+        rotation.renew()
+        noops.append(step(_noop, ()))
+    return max(0.0, float(np.median(calls)) - float(np.median(noops)))
+
+
 def _spin_cycles_per_ms(device: torch.device, cycles: int = 200_000) -> float:
     """GPU clock cycles the spin kernel burns per millisecond, measured (clocks differ by GPU and power state)."""
     rates = []
@@ -308,27 +273,30 @@ def lead_ms_for(issue_ms: Sequence[float], plan: TimingPlan) -> float:
     return min(plan.max_lead_ms, 1.5 * float(np.median(issue_ms)) + 0.02) if issue_ms else plan.max_lead_ms
 
 
-def _warm_up(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan, dev: torch.device,
+def _warm_up(call: Callable[..., Any], rotation: Rotation, plan: TimingPlan, dev: torch.device,
              flush: Callable[[], None]) -> list[float]:
     """Run `plan.warmup` calls and at least `plan.warmup_s` (clocks and caches settle), each after a flush on
-    an idle device; returns each call's host issue time (ms until it returned), which sizes the lead."""
+    an idle device and followed by its set's refresh; returns each call's host issue time (ms until it
+    returned), which sizes the lead."""
     issue_ms: list[float] = []
     start, i = _now_s(), 0
     while i < plan.warmup or _now_s() - start < plan.warmup_s:
         flush()  # warms the flush too: a thread pool its first parallel fill creates must predate timing
         synchronize(dev)
         t0 = _now_ns()
-        call(*input_sets[i % len(input_sets)])
+        call(*rotation.take(timed=False))
         issue_ms.append((_now_ns() - t0) / 1e6)
+        rotation.renew()
         i += 1
     synchronize(dev)
     return issue_ms
 
 
-def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
+def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]] | Rotation, plan: TimingPlan,
                device: str | torch.device, flush: Callable[[], None]) -> TimingSamples:
     """Time `call(*input_sets[i % n])` under the protocol (call it under `torch.no_grad()`, with the device alone).
 
+    `input_sets` may be a `Rotation` that refreshes each set's content after every call (outside the clocks).
     Warm-up calls (`_warm_up`, each after a flush) rotate the input sets and size the GPU lead (unless the plan
     brings one); then each iteration (`_step`) flushes, times one call on the next set with the per-call clock and
     the host clock, and leaves the device and the process quiescent (all streams synchronized, all threads the
@@ -339,23 +307,22 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     target_rel_ci, or at max_iters / max_time_s. With `plan.loops` > 1: that many such loops, each with its share
     of the limits, pooled by `_pool_loops`.
     """
-    if not input_sets:
-        raise ValueError("time_calls needs at least one input set")
+    rotation = input_sets if isinstance(input_sets, Rotation) else Rotation(input_sets)
     if plan.loops <= 1:
-        return _time_loop(call, input_sets, plan, device, flush)
+        return _time_loop(call, rotation, plan, device, flush)
     k = plan.loops
     share = replace(plan, loops=1, min_iters=max(8, math.ceil(plan.min_iters / k)),
                     max_iters=max(8, math.ceil(plan.max_iters / k)), min_time_s=plan.min_time_s / k,
                     max_time_s=plan.max_time_s / k)
-    return pool_loops([_time_loop(call, input_sets, share, device, flush) for _ in range(k)])
+    return pool_loops([_time_loop(call, rotation, share, device, flush) for _ in range(k)])
 
 
-def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], plan: TimingPlan,
-               device: str | torch.device, flush: Callable[[], None]) -> TimingSamples:
-    """One timing loop of `time_calls`."""
+def _time_loop(call: Callable[..., Any], rotation: Rotation, plan: TimingPlan, device: str | torch.device,
+               flush: Callable[[], None]) -> TimingSamples:
+    """One timing loop of `time_calls`. Its time limits count the calls, not the refreshes between them."""
     dev = torch.device(device)
-    n_sets = len(input_sets)
-    issue_ms = _warm_up(call, input_sets, plan, dev, flush)
+    n_sets = len(rotation.sets)
+    issue_ms = _warm_up(call, rotation, plan, dev, flush)
     cuda = dev.type == "cuda"
     lead_ms = (plan.lead_ms if plan.lead_ms is not None else lead_ms_for(issue_ms, plan)) if cuda else 0.0
     lead = max(1, int(lead_ms * _spin_cycles_per_ms(dev))) if cuda else 0
@@ -370,17 +337,19 @@ def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
     tails: list[float] = []
     leads: list[float] = []
     stop_reason, next_check = "max_iters", max(plan.min_iters, 8)  # fewer than 8 samples bound nothing
-    start_ns = _now_ns()
+    start_ns, refreshed_s, repeated = _now_ns(), rotation.spent_s, rotation.repeated
     deadline = _now_s() + plan.max_time_s
     while len(times) < plan.max_iters:
-        t, h, tail, lead_gpu_ms = _step(call, input_sets[len(times) % n_sets], dev, flush, deadline, lead)
+        late = rotation.spent_s - refreshed_s
+        t, h, tail, lead_gpu_ms = _step(call, rotation.take(), dev, flush, deadline + late, lead)
+        rotation.renew()
         times.append(t)
         host.append(h)
         tails.append(tail)
         leads.append(lead_gpu_ms)
         if cuda and len(times) % 8 == 0:
             noops.append(noop())
-        elapsed = (_now_ns() - start_ns) / 1e9
+        elapsed = (_now_ns() - start_ns) / 1e9 - (rotation.spent_s - refreshed_s)
         if elapsed >= plan.max_time_s:
             stop_reason = "max_time"
             break
@@ -399,4 +368,4 @@ def _time_loop(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]], pl
                          total_s=(_now_ns() - start_ns) / 1e9, stop_reason=stop_reason,
                          clock="cuda_event" if dev.type == "cuda" else "perf_counter", lead_ms=lead_ms,
                          tail_ms=max(0.0, float(np.median(tails)) - noop_tail_ms), sm_clock_mhz=sm_clock_mhz,
-                         time_sm_clock_corr=time_sm_clock_corr)
+                         time_sm_clock_corr=time_sm_clock_corr, repeated_calls=rotation.repeated - repeated)

@@ -62,6 +62,13 @@ class TimingSamples:
     # with several loops (TimingPlan.loops): each loop's sample count, in `times_ms` order; median_ms is then the
     # mean of the loop medians. () for one loop
     loop_sizes: tuple[int, ...] = ()
+    # timed calls whose inputs held content an earlier call had seen (the refresh's budget ran out, or the caller
+    # gave no refresh: timing.Rotation); a cache keyed on content could hit on those
+    repeated_calls: int = 0
+    # CUDA, when work escaped the events (`stream_escape`): the median host ms of a call timed from just before it
+    # to a device-wide synchronize, with no lead and less a no-op's (timing.synchronized_ms). Launch latency is in
+    # it, so escaped work is never charged less than the same work on the timed stream. 0 when not measured
+    sync_ms: float = 0.0
 
     @property
     def loop_times_ms(self) -> list[np.ndarray]:
@@ -90,9 +97,12 @@ class TimingSamples:
 
 def effective_time_ms(samples: TimingSamples) -> float:
     """A candidate's reported time: the per-call median, plus the tail when work escaped the per-call clock
-    (`stream_escape`: side streams, background threads), so escaped work is paid for in full. The trusted
+    (`stream_escape`: side streams, background threads), or the synchronized time if more (`sync_ms`: side-stream
+    work runs beside the GPU lead, which the tail does not see), so escaped work is paid for in full. The trusted
     reference is reported at its median (`speedup_interval`)."""
-    return samples.median_ms + samples.tail_ms if stream_escape(samples) else samples.median_ms
+    if not stream_escape(samples):
+        return samples.median_ms
+    return max(samples.median_ms + samples.tail_ms, samples.sync_ms)
 
 
 def stream_escape(samples: TimingSamples, rel: float = 0.25, abs_ms: float = 0.01) -> bool:
@@ -170,6 +180,7 @@ def pool_loops(loops: Sequence[TimingSamples], n_boot: int = 1000) -> TimingSamp
         clock=loops[0].clock, lead_ms=mid([s.lead_ms for s in loops]), tail_ms=mid([s.tail_ms for s in loops]),
         sm_clock_mhz=(min(c[0] for c in clocks), mid([c[1] for c in clocks]), max(c[2] for c in clocks))
         if clocks else (), time_sm_clock_corr=mid([s.time_sm_clock_corr for s in loops]),
-        loop_sizes=tuple(len(s.times_ms) for s in loops))
+        loop_sizes=tuple(len(s.times_ms) for s in loops), repeated_calls=sum(s.repeated_calls for s in loops),
+        sync_ms=max(s.sync_ms for s in loops))
     boot = _bootstrap_times(pooled, np.random.default_rng(0), n_boot)
     return replace(pooled, ci_ms=(float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))))

@@ -1,5 +1,6 @@
 """A trial's inputs, the same in the reference's and a candidate's worker: `task.get_inputs()` seeded per trial,
-on the job's device, optionally written into the previous trial's tensors (same pointers, new content)."""
+on the job's device, optionally written into the previous trial's tensors (same pointers, new content); and the
+hardened inputs that decide degenerate tasks (`harden`: spikes, and a signed version of non-negative inputs)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,41 @@ def copy_into(into: list, fresh: list) -> list:
                 and old.dtype == new.dtype and old.device == new.device)
         reused.append(old.copy_(new) if same else new)
     return reused
+
+
+HARDENED_TRIALS = 2  # `harden` variants: 0 spikes of either sign keeping non-negative inputs non-negative, 1 signed
+HARDENED_SEED = 50_000  # variant v's inputs are seeded `seed + HARDENED_SEED + v`: content no other call sees
+
+
+def harden(inputs: list, variant: int, seed: int) -> list:
+    """Inputs on which a trivial answer stops passing, in place: every floating tensor gets one spike per 4,096
+    elements (at least one), 8-16 times its largest magnitude, at seeded places. Variant 0 keeps a non-negative
+    tensor non-negative (the domain of log, sqrt, and of ReLU's identity shortcut is kept); variant 1 first
+    centres it and scales it by 4, so signs appear. A large-N mean is then carried by a few elements (a subsample
+    misses them, one constant no longer fits every trial); outputs far below atol (softmax over a wide row, x /
+    |x|) grow above it; an identity on [0, 1) stops being one. The reference decides whether it is defined
+    there: the parent keeps only variants on which its outputs are finite and no trivial answer passes
+    (degenerate.breaking_trials)."""
+    import torch
+
+    from dice_kernels.harness.output_checks import tensors_in
+
+    g = torch.Generator().manual_seed(seed)
+    for x in tensors_in(inputs):
+        if not x.is_floating_point() or not x.numel():
+            continue
+        flat = x.view(-1) if x.is_contiguous() else None
+        if flat is None:
+            continue
+        non_negative = bool(x.min() >= 0)
+        if variant == 1 and non_negative:
+            x.sub_(x.mean()).mul_(4)
+            non_negative = False
+        top = float(x.abs().max()) or 1.0
+        k = max(1, x.numel() // 4096)
+        where = torch.randperm(x.numel(), generator=g)[:k]
+        size = top * (8 + 8 * torch.rand(k, generator=g, dtype=torch.float64))
+        if not non_negative:
+            size = size * (torch.randint(0, 2, (k,), generator=g) * 2 - 1)
+        flat[where.to(x.device)] = size.to(x.dtype).to(x.device)
+    return inputs

@@ -9,7 +9,7 @@ outputs: the parent compares.
 
 Trial protocol (both, so outputs line up; `_trials`): trial k runs on inputs seeded `seed + 1 + k`; odd trials
 write their values into the previous trial's input tensors (same pointers, new content) so caching keyed on
-pointers shows. With timing on, one more output follows the trials: the last timing-loop iteration's, on inputs
+pointers shows; the job's hardened trials come last (trial_inputs.harden: they decide degenerate tasks). With timing on, one more output follows the trials: the last timing-loop iteration's, on inputs
 rewritten in place just before it. A candidate worker with the robust check on also runs `integrity.Monitor`.
 """
 
@@ -32,7 +32,7 @@ from dice_kernels.harness.model_calls import (checked_call, compile_baseline, de
 from dice_kernels.harness.protocol import BuildJob, RunJob, read_job
 from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
 from dice_kernels.harness.tensor_stream import write_trials
-from dice_kernels.harness.trial_inputs import seed_all, trial_inputs
+from dice_kernels.harness.trial_inputs import HARDENED_SEED, harden, seed_all, trial_inputs
 
 if TYPE_CHECKING:
     from dice_kernels.harness.integrity import Monitor
@@ -94,6 +94,7 @@ class _Trials:
     inputs: list | None = None
     findings: list = field(default_factory=list)
     copy_passes: bool = True
+    hardened_copy_passes: list = field(default_factory=list)  # per hardened trial (references)
     stateful: bool = False
     first_sizes: list = field(default_factory=list)
     first: list = field(default_factory=list)  # trial 0's outputs, where the speed-of-light bound needs them
@@ -107,17 +108,25 @@ def _trials(model, task: types.ModuleType, where: str, job: RunJob, monitor: Mon
 
     seen, sizes = _Trials(), []
     reference = job.reference
+    normal = job.usual_trials  # then the hardened trials (trial_inputs.harden), seeded by their variant
     for trial in range(job.trials):
+        variant = job.hardened[trial - normal] if trial >= normal else None
+        seed = job.seed + 1 + trial if variant is None else job.seed + HARDENED_SEED + variant
         with gpu_lock.shared(job.gpu_lock) as hold:
-            seen.inputs = trial_inputs(task, job, job.seed + 1 + trial, into=seen.inputs if trial % 2 else None)
+            seen.inputs = trial_inputs(task, job, seed, into=seen.inputs if trial % 2 else None)
+            if variant is not None:
+                harden(seen.inputs, variant, seed)
             poison = sizes if trial else nbytes(tensors_in(seen.inputs))  # the last outputs' sizes
-            outs, found = forward_once(model, seen.inputs, where, job, monitor, poison)
+            outs, found = _defined_where(reference and trial >= normal, model, seen.inputs, where, job, monitor,
+                                         poison)
             # only a timed run has a call after its loop, the one a stateful task's cannot be re-checked
-            if reference and job.timing and trial == job.trials - 1:
+            if reference and job.timing and trial == normal - 1:
                 seen.stateful = depends_on_earlier_calls(model, seen.inputs, outs, where, job)
         spent.waited_s += hold.waited_s
         seen.findings += found
-        if reference:
+        if reference and trial >= normal:
+            seen.hardened_copy_passes.append(bool(outs) and input_copy_passes(seen.inputs, outs, job))
+        elif reference:
             seen.copy_passes = seen.copy_passes and input_copy_passes(seen.inputs, outs, job)
         write_trials(stream, [outs])
         sizes = nbytes(outs)
@@ -129,10 +138,22 @@ def _trials(model, task: types.ModuleType, where: str, job: RunJob, monitor: Mon
     return seen
 
 
+def _defined_where(optional: bool, model, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
+                   poison: list[int]) -> tuple[list, list]:
+    """forward_once; for a reference's hardened trial (`optional`), no outputs where its Model is not defined
+    (it raises): the parent then does not use that trial."""
+    if not optional:
+        return forward_once(model, inputs, where, job, monitor, poison)
+    try:
+        return forward_once(model, inputs, where, job, monitor, poison)
+    except Exception:  # noqa: BLE001 - the trusted Model outside its domain: not a task error
+        return [], []
+
+
 def _timed(model, task: types.ModuleType, where: str, job: RunJob, monitor: Monitor | None, spent: _PhaseClock,
            seen: _Trials) -> tuple[dict, list]:
     """The timing protocol on fresh inputs: its report and the re-checked call's outputs."""
-    seen.inputs = trial_inputs(task, job, job.seed + 1 + job.trials)
+    seen.inputs = trial_inputs(task, job, job.seed + 1 + job.usual_trials)
     report, last = time_forward(model, task, seen.inputs, where, job, monitor, seen.first_sizes)
     spent.waited_s += report.pop("device_lock_wait_s")
     spent.lap("timing")
@@ -146,7 +167,7 @@ def run_reference(job: RunJob, model, task: types.ModuleType, where: str, stream
     seen = _trials(model, task, where, job, None, stream, spent)
     report, checked = {}, []
     if job.timing and ref.baseline_cached:
-        seen.inputs = trial_inputs(task, job, job.seed + 1 + job.trials)
+        seen.inputs = trial_inputs(task, job, job.seed + 1 + job.usual_trials)
         last, waited_s = checked_call(model, task, seen.inputs, where, job, None, [])
         spent.waited_s += waited_s
         checked.append(last)
@@ -162,6 +183,7 @@ def run_reference(job: RunJob, model, task: types.ModuleType, where: str, stream
             spent.lap("speed_of_light")
     write_trials(stream, checked)  # the re-checked call after the timed loop, if there was one
     return {**report, "trials": job.trials + len(checked), "input_copy_passes": seen.copy_passes,
+            "hardened_copy_passes": seen.hardened_copy_passes,
             "output_findings": sorted({f.kind.value for f in seen.findings}), "stateful": seen.stateful}
 
 
