@@ -24,15 +24,17 @@ def _rollouts(model, temperature: float, strategy: str, seed: int = 0) -> list[T
     prompts = [torch.randint(100, VOCAB - 1, (n,), generator=g).tolist() for n in (5, 8, 3, 11)]
     out = decode(model, prompts, SamplingConfig(max_new_tokens=14, steps=4, strategy=strategy, threshold=0.3,
                                                 temperature=temperature, use_cache=False, seed=seed), STOPS)
-    return [Trajectory(p, t, s) for p, t, s in zip(prompts, out.tokens, out.unmask_steps)]
+    return [Trajectory(p, t, s, tail, tail_steps) for p, t, s, tail, tail_steps in
+            zip(prompts, out.tokens, out.unmask_steps, out.tail_tokens, out.tail_steps)]
 
 
 def _naive_states(model, traj: Trajectory):
     """(logits of the block, tokens unmasked at step s, their positions in the block) per replayed state."""
-    seq, steps = traj.prompt + traj.tokens, [-1] * len(traj.prompt) + traj.steps
-    for start in range(len(traj.prompt) // BLOCK * BLOCK, len(seq), BLOCK):
+    scored = len(traj.prompt) + len(traj.tokens)
+    seq, steps = traj.prompt + traj.tokens + traj.tail, [-1] * len(traj.prompt) + traj.steps + traj.tail_steps
+    for start in range(len(traj.prompt) // BLOCK * BLOCK, scored, BLOCK):
         span = [p for p in range(start, start + BLOCK)]
-        for s in sorted({steps[p] for p in span if p < len(seq) and steps[p] >= 0}):
+        for s in sorted({steps[p] for p in span if p < scored and steps[p] >= 0}):
             block = [seq[p] if p < len(seq) and steps[p] < s else MASK for p in span]
             ids = torch.tensor([seq[:start] + block])
             pos = torch.arange(ids.shape[1])[None]
@@ -41,15 +43,15 @@ def _naive_states(model, traj: Trajectory):
             mask = dense_mask(block_diffusion_mask_mod(layout, layout, BLOCK), 1, length, length, pos.device)
             logits = model(ids, pos, Attention(mask))[0, -BLOCK:].detach().double()
             logits[:, MASK] = float("-inf")
-            chosen = [i for i, p in enumerate(span) if p < len(seq) and steps[p] == s]
-            yield logits, [seq[span[i]] for i in chosen], chosen, len(seq) >= start + BLOCK
+            chosen = [i for i, p in enumerate(span) if p < scored and steps[p] == s]
+            yield logits, [seq[span[i]] for i in chosen], chosen
 
 
 def _naive_logprobs(model, trajectories, temperature=1.0) -> list[list[float]]:
     rows = []
     for traj in trajectories:
         row = []
-        for logits, tokens, chosen, _ in _naive_states(model, traj):
+        for logits, tokens, chosen in _naive_states(model, traj):
             logp = torch.log_softmax(logits / temperature, -1)
             row += [float(logp[i, t]) for i, t in zip(chosen, tokens)]
         rows.append(row)
@@ -58,16 +60,17 @@ def _naive_logprobs(model, trajectories, temperature=1.0) -> list[list[float]]:
 
 @pytest.mark.parametrize("strategy", ["static", "dynamic"])
 def test_replayed_states_are_the_states_the_sampler_saw(strategy):
-    """Greedy decoding picks the argmax of each state: the naive replay must reproduce every choice made in a
-    block the record keeps whole (a stopped row's last block lost its tail, which stays masked in the replay)."""
+    """Greedy decoding picks the argmax of each state: the naive replay must reproduce every choice, also in the
+    last block of a row that stopped inside it (its tail past the stop token is replayed as the sampler saw it)."""
     model = tiny_model(3).double()
+    trajectories = _rollouts(model, temperature=0.0, strategy=strategy)
+    assert any(t.tail for t in trajectories)  # some row stopped inside a block
     checked = 0
-    for traj in _rollouts(model, temperature=0.0, strategy=strategy):
-        for logits, tokens, chosen, whole in _naive_states(model, traj):
-            if whole:
-                assert logits.argmax(-1)[chosen].tolist() == tokens
-                checked += len(tokens)
-    assert checked >= 20
+    for traj in trajectories:
+        for logits, tokens, chosen in _naive_states(model, traj):
+            assert logits.argmax(-1)[chosen].tolist() == tokens
+            checked += len(tokens)
+    assert checked == sum(len(t.tokens) for t in trajectories) >= 20
 
 
 @pytest.mark.parametrize("backend", ["dense", "flex"])

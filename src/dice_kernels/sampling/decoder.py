@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -56,6 +56,10 @@ class Decoded:
     unmask_steps: list[list[int]]  # per generated token: 0-based denoising step within its block
     stopped: list[bool]  # True: ended at a stop token; False: reached max_new_tokens
     forwards: int  # model forwards after the prefill
+    # The rest of each row's last block, past the stop token or the max_new_tokens cut: sampled too, and seen by
+    # that block's later denoising steps (a trajectory replay needs them), but not part of the response.
+    tail_tokens: list[list[int]] = field(default_factory=list)
+    tail_steps: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -297,10 +301,10 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
         else:
             denoise(_uncached_forward(model, state, block, kv_len))
         forwards += 1
-    return _collect(state, cfg.max_new_tokens, stops, forwards)
+    return _collect(state, cfg.max_new_tokens, stops, forwards, block)
 
 
-def _collect(state: _State, max_new: int, stops: Tensor, forwards: int) -> Decoded:
+def _collect(state: _State, max_new: int, stops: Tensor, forwards: int, block: int) -> Decoded:
     out = Decoded(tokens=[], unmask_steps=[], stopped=[], forwards=forwards)
     seq, steps, lengths = state.seq.tolist(), state.unmask_step.tolist(), state.prompt_len.tolist()
     stop_set = set(stops.tolist())
@@ -309,5 +313,9 @@ def _collect(state: _State, max_new: int, stops: Tensor, forwards: int) -> Decod
         end = next((i + 1 for i, t in enumerate(ids) if t in stop_set), None)
         out.stopped.append(end is not None)
         out.tokens.append(ids[:end])
-        out.unmask_steps.append(steps[row][n: n + len(out.tokens[-1])])
+        cut = n + len(out.tokens[-1])
+        out.unmask_steps.append(steps[row][n: cut])
+        block_end = -(-cut // block) * block  # that block finished whole: every position in it was unmasked
+        out.tail_tokens.append(seq[row][cut: block_end])
+        out.tail_steps.append(steps[row][cut: block_end])
     return out

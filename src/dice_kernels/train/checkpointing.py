@@ -1,30 +1,30 @@
 """Where a trainer's weights come from and go: the initial model (a Hugging Face directory, or random init of a
 shape) built straight into its FSDP shards; resumable states (model, optimizer, trainer state, RNG) written with
-torch.distributed.checkpoint under <out_dir>/checkpoints/step-N; Hugging Face exports gathered on rank 0."""
+torch.distributed.checkpoint under <out_dir>/checkpoints/step-N; Hugging Face exports gathered on rank 0; a
+trainer loop's save schedule (`RunSaves`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
-from dataclasses import replace
+import signal
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from dice_kernels.model.checkpoint import load_config, load_model, save_model
-from dice_kernels.model.config import SDAR_SHAPES, ModelConfig
+from dice_kernels.model.config import SDAR_SHAPES, ModelConfig, tiny_config
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.train.config import ModelSection, ParallelConfig
+from dice_kernels.train.config import CheckpointConfig, ModelSection, ParallelConfig
 from dice_kernels.train.distributed import Dist, barrier, parallelize
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "train_state.json"  # written last: a step directory without it was never finished
 PARTIAL = ".partial"
-# A small random model for CPU runs (CI, first contact); its vocabulary is the tokenizer's.
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, rope_theta=1e4, tie_word_embeddings=True)
 SHAPES = ("tiny", *SDAR_SHAPES)
 PAD_TOKEN = "<|endoftext|>"  # SDAR pads samples to whole blocks with it, and trains on it
 
@@ -61,9 +61,7 @@ def model_config(section: ModelSection, tokenizer: Any) -> ModelConfig:
         except CheckpointError as e:
             raise ModelSetupError(str(e)) from None
     elif section.shape == "tiny":
-        mask = declared if declared is not None else len(tokenizer)
-        vocab = -(-max(len(tokenizer), mask + 1) // 64) * 64
-        cfg = ModelConfig(vocab_size=vocab, mask_token_id=mask, dtype="float32", **TINY_SHAPE)
+        cfg = tiny_config(len(tokenizer), declared)
     elif section.shape in SDAR_SHAPES:
         cfg = SDAR_SHAPES[section.shape]
         if declared is not None:
@@ -232,3 +230,44 @@ def export_hf(model: BlockDiffusionLM, directory: Path, tokenizer_dir: str | Pat
     del full
     barrier()
     return directory
+
+
+# --------------------------------------------------------------------------- a trainer loop's saves
+
+
+@dataclass
+class RunSaves:
+    """When a trainer's loop writes: a resumable state every `cfg.every_steps`, a Hugging Face export every
+    `cfg.export_every_steps`, both at the end, and the debug kill after `sigkill_after_step` (resume tests).
+    `trainer_state(step)` is the loop's own JSON state (data or curriculum position, schedule)."""
+
+    out: Path
+    model: BlockDiffusionLM
+    optimizer: torch.optim.Optimizer
+    dist: Dist
+    cfg: CheckpointConfig
+    tokenizer_dir: str
+    trainer_state: Callable[[int], dict]
+    sigkill_after_step: int = 0
+
+    def after_step(self, done: int, total: int) -> None:
+        """Collective: every rank calls it after each of the `total` steps (`done` of them finished)."""
+        ck = self.cfg
+        if ck.every_steps and done % ck.every_steps == 0 and done < total:
+            save_state(self.out, done, self.model, self.optimizer, self.trainer_state(done), self.dist, ck.keep)
+        if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
+            export_hf(self.model, self.out / "export" / f"step-{done:08d}", self.tokenizer_dir, ck.export_dtype,
+                      self.dist)
+        if self.sigkill_after_step == done:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a crash would: no cleanup, nothing flushed
+
+    def finish(self, total: int, trained: bool) -> Path:
+        """The final resumable state (skipped when this run trained nothing past the newest one) and export;
+        returns the export's directory (written only when `cfg.at_end`)."""
+        final = self.out / "final"
+        if self.cfg.at_end:
+            if trained:
+                save_state(self.out, total, self.model, self.optimizer, self.trainer_state(total), self.dist,
+                           self.cfg.keep)
+            export_hf(self.model, final, self.tokenizer_dir, self.cfg.export_dtype, self.dist)
+        return final

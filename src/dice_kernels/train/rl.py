@@ -5,8 +5,6 @@ update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds eve
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,8 +18,8 @@ from dice_kernels.model.transformer import BlockDiffusionLM
 from dice_kernels.sampling.decoder import SamplingConfig
 from dice_kernels.train import config as config_io
 from dice_kernels.train.advantages import group_advantages
-from dice_kernels.train.checkpointing import (build_model, export_hf, latest_checkpoint, load_state,
-                                              load_tokenizer_for, pad_token_id, save_state)
+from dice_kernels.train.checkpointing import (RunSaves, build_model, latest_checkpoint, load_state, load_tokenizer_for,
+                                              pad_token_id)
 from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
                                        OptimConfig, ParallelConfig)
 from dice_kernels.train.curriculum import ORDERS, Curriculum, RLTask, load_task_set
@@ -408,9 +406,9 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
         rewards = RewardService(cfg.reward, out) if dist.is_main else None
     except ValueError as e:  # EvalConfig.check: e.g. backend cuda without a GPU
         raise RLError(f"reward: {e}") from None
-    ck = cfg.checkpoint
-    trainer_state = lambda: {"curricula": {p: c.state_dict() for p, c in curricula.items()},  # noqa: E731
-                             "scheduler": scheduler.state_dict()}
+    saves = RunSaves(out, model, optimizer, dist, cfg.checkpoint, cfg.model.tokenizer_dir,
+                     lambda step: {"curricula": {p: c.state_dict() for p, c in curricula.items()},
+                                   "scheduler": scheduler.state_dict()}, cfg.debug.sigkill_after_step)
     try:
         backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
@@ -428,20 +426,10 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                               tokens_per_s=stats.tokens_generated / max(stats.seconds["rollout"], 1e-9))
                 metrics.log(done, values)
                 metrics.note(stats.line(done, total))
-                if ck.every_steps and done % ck.every_steps == 0 and done < total:
-                    save_state(out, done, model, optimizer, trainer_state(), dist, ck.keep)
-                if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
-                    export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype,
-                              dist)
-                if cfg.debug.sigkill_after_step == done:
-                    os.kill(os.getpid(), signal.SIGKILL)
-            final = out / "final"
-            if ck.at_end:
-                if start < total or previous is None:
-                    save_state(out, total, model, optimizer, trainer_state(), dist, ck.keep)
-                export_hf(model, final, cfg.model.tokenizer_dir, ck.export_dtype, dist)
+                saves.after_step(done, total)
+            final = saves.finish(total, trained=start < total or previous is None)
             metrics.note(f"trained {total - start} step(s); rewards per rollout: {out / 'rewards.sqlite'}"
-                         + (f"; Hugging Face export: {final}" if ck.at_end else ""))
+                         + (f"; Hugging Face export: {final}" if cfg.checkpoint.at_end else ""))
     finally:
         if rewards is not None:
             rewards.close()

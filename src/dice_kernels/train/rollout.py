@@ -83,12 +83,15 @@ def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTas
             seed = None if sampling.seed is None else sampling.seed + 1_000_003 * step + chunk_start
             cfg = SamplingConfig(**{**sampling.__dict__, "seed": seed})
             decoded = decode(model, [prompts[ti] for ti, _ in chunk], cfg, stop_ids)
-            for (ti, k), ids, steps, stopped in zip(chunk, decoded.tokens, decoded.unmask_steps, decoded.stopped):
+            for i, (ti, k) in enumerate(chunk):
+                ids, stopped = decoded.tokens[i], decoded.stopped[i]
                 text = tokenizer.decode(ids[:-1] if stopped else ids)
                 task = tasks[ti]
                 cid = f"step{step}/{task.id}/{k}"
-                out.append(Rollout(task=task, sample=k, trajectory=Trajectory(prompts[ti], ids, steps), text=text,
-                                   stopped=stopped, candidate=response_candidate(task, phase, text, cid)))
+                trajectory = Trajectory(prompts[ti], ids, decoded.unmask_steps[i], decoded.tail_tokens[i],
+                                        decoded.tail_steps[i])
+                out.append(Rollout(task=task, sample=k, trajectory=trajectory, text=text, stopped=stopped,
+                                   candidate=response_candidate(task, phase, text, cid)))
     finally:
         release_graphs(model)  # the kept KV cache and graphs would sit through the update
         model.train(was_training)

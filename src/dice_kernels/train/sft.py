@@ -5,8 +5,6 @@ single process): build, resume, step, log, save, export."""
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +13,8 @@ import torch
 from rich.console import Console
 
 from dice_kernels.train import config as config_io
-from dice_kernels.train.checkpointing import (build_model, export_hf, latest_checkpoint, load_state,
-                                              load_tokenizer_for, model_config, pad_token_id, save_state)
+from dice_kernels.train.checkpointing import (RunSaves, build_model, latest_checkpoint, load_state, load_tokenizer_for,
+                                              model_config, pad_token_id)
 from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
                                        OptimConfig, ParallelConfig)
 from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backend, init_distributed, shutdown
@@ -152,7 +150,8 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
     elif resume:
         say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
 
-    ck = cfg.checkpoint
+    saves = RunSaves(out, model, optimizer, dist, cfg.checkpoint, cfg.model.tokenizer_dir,
+                     lambda step: _trainer_state(data, scheduler, step), cfg.debug.sigkill_after_step)
     tokens_seen = 0
     with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
                  console=console) as metrics:
@@ -179,20 +178,11 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
             if dist.device.type == "cuda":
                 values["max_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
             metrics.log(done, values)
-            if ck.every_steps and done % ck.every_steps == 0 and done < total:
-                save_state(out, done, model, optimizer, _trainer_state(data, scheduler, done), dist, ck.keep)
-            if ck.export_every_steps and done % ck.export_every_steps == 0 and done < total:
-                export_hf(model, out / "export" / f"step-{done:08d}", cfg.model.tokenizer_dir, ck.export_dtype, dist)
-            if cfg.debug.sigkill_after_step == done:
-                os.kill(os.getpid(), signal.SIGKILL)
+            saves.after_step(done, total)
             clock = time.perf_counter()  # a step's time excludes saving and exporting
-        final = out / "final"
-        if ck.at_end:
-            if start < total or previous is None:
-                save_state(out, total, model, optimizer, _trainer_state(data, scheduler, total), dist, ck.keep)
-            export_hf(model, final, cfg.model.tokenizer_dir, ck.export_dtype, dist)
+        final = saves.finish(total, trained=start < total or previous is None)
         metrics.note(f"trained {total - start} step(s), {tokens_seen:,} tokens"
-                     + (f"; Hugging Face export: {final}" if ck.at_end else ""))
+                     + (f"; Hugging Face export: {final}" if cfg.checkpoint.at_end else ""))
     return final
 
 

@@ -4,7 +4,7 @@ the tokens of steps >= s masked); every block and step of a batch of responses i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -19,11 +19,16 @@ BACKENDS = ("flex", "dense")
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One response as the sampler produced it (`decode`'s `tokens` and `unmask_steps` for one row)."""
+    """One response as the sampler produced it (`decode`'s `tokens`, `unmask_steps`, `tail_tokens` and `tail_steps`
+    for one row)."""
 
     prompt: list[int]
     tokens: list[int]  # generated token j sits at absolute position len(prompt) + j
     steps: list[int]  # the within-block denoising step that unmasked generated token j
+    # the rest of the last block past the stop (or the cut), right after `tokens`: never scored, but unmasked in
+    # the replayed states from their step on, as the sampler saw them
+    tail: list[int] = field(default_factory=list)
+    tail_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -57,23 +62,22 @@ class ReplayBatch:
 
 def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
     """ids, pos, noisy, copy, targets of one trajectory's row (unpadded)."""
-    if len(traj.tokens) != len(traj.steps) or not traj.tokens:
-        raise ValueError("a trajectory needs one unmasking step per generated token, and at least one token")
-    seq = traj.prompt + traj.tokens
-    step_at = [-1] * len(traj.prompt) + list(traj.steps)  # -1: prompt, revealed from the start
+    if len(traj.tokens) != len(traj.steps) or not traj.tokens or len(traj.tail) != len(traj.tail_steps):
+        raise ValueError("a trajectory needs one unmasking step per generated (and tail) token, and at least one token")
+    scored = len(traj.prompt) + len(traj.tokens)  # positions from here on (the tail) are never scored
+    seq = traj.prompt + traj.tokens + traj.tail
+    step_at = [-1] * len(traj.prompt) + list(traj.steps) + list(traj.tail_steps)  # -1: prompt, revealed from the start
     first = len(traj.prompt) // block * block  # the first decode block (may hold the prompt's remainder)
-    last = (len(seq) - 1) // block * block  # the last block: its clean copy is never needed
+    last = (scored - 1) // block * block  # the last block: its clean copy is never needed
     ids, pos = seq[:last], list(range(last))
     noisy, copy, targets = [0] * last, [0] * last, [-1] * last
     for start in range(first, last + 1, block):
         span = range(start, start + block)
-        # Positions past the end of a stopped (or cut) response were sampled too, but the record drops them:
-        # they stay masked in every replayed state.
-        for s in sorted({step_at[p] for p in span if p < len(seq) and step_at[p] >= 0}):
+        for s in sorted({step_at[p] for p in span if p < scored and step_at[p] >= 0}):
             for p in span:
                 known = p < len(seq) and step_at[p] < s
                 ids.append(seq[p] if known else mask_id)
-                targets.append(seq[p] if p < len(seq) and step_at[p] == s else -1)
+                targets.append(seq[p] if p < scored and step_at[p] == s else -1)
             pos += list(span)
             noisy += [1] * block
             copy += [s + 1] * block
