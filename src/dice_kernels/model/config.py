@@ -99,6 +99,19 @@ def _shape(hidden: int, inter: int, layers: int, heads: int, kv: int, tied: bool
                        num_attention_heads=heads, num_key_value_heads=kv, head_dim=128, tie_word_embeddings=tied)
 
 
+# A small random model for CPU runs (CI, first contact); its vocabulary is the tokenizer's (tiny_config).
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, rope_theta=1e4, tie_word_embeddings=True)
+
+
+def tiny_config(tokenizer_size: int, mask_token_id: int | None) -> ModelConfig:
+    """The tiny shape over a tokenizer of `tokenizer_size` ids: its mask token (or the first id past the
+    vocabulary, SDAR's convention), the vocabulary rounded up to a multiple of 64, float32."""
+    mask = mask_token_id if mask_token_id is not None else tokenizer_size
+    vocab = -(-max(tokenizer_size, mask + 1) // 64) * 64
+    return ModelConfig(vocab_size=vocab, mask_token_id=mask, dtype="float32", **TINY_SHAPE)
+
+
 # Published SDAR shapes (DESIGN.md §4), for benchmarks with random weights.
 SDAR_SHAPES = {
     "1.7B": _shape(2048, 6144, 28, 16, 8, tied=True),

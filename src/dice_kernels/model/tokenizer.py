@@ -25,6 +25,20 @@ def load_tokenizer(directory: str | Path) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(str(directory))
 
 
+def byte_tokenizer() -> Any:
+    """A tokenizer that needs no download: one token per byte (byte-level BPE without merges), Qwen3's end and chat
+    tokens and a mask token; for a random model that runs the pipeline end to end (`dice generate --random-init`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   mask_token="<|mask|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+
+
 def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
     """<|im_end|> and <|endoftext|> (whichever the vocabulary has) and the tokenizer's eos."""
     vocab = tokenizer.get_vocab()

@@ -20,9 +20,13 @@ _DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def generate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", exists=True, file_okay=False,
-                                    help="Hugging Face checkpoint directory (config.json, *.safetensors, "
-                                         "tokenizer.json), model_type sdar or qwen3."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-c", exists=True, file_okay=False,
+                                              help="Hugging Face checkpoint directory (config.json, *.safetensors, "
+                                                   "tokenizer.json), model_type sdar or qwen3."),
+    random_init: bool = typer.Option(False, "--random-init",
+                                     help="Instead of a checkpoint: a tiny random model with a byte tokenizer "
+                                          "(nothing to download; its output is noise, which shows the pipeline "
+                                          "end to end: prompt, decoding, --out, --eval)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text (sent as a chat user turn)."),
     task: Optional[Path] = typer.Option(None, "--task", "-t", exists=True, dir_okay=False,
                                         help="KernelBench task file (Model, get_inputs, get_init_inputs): builds "
@@ -48,13 +52,14 @@ def generate(
                                            "GPU, float32 on CPU. DICE benchmarked in float16."),
     device: str = typer.Option("auto", help="cuda, cpu, cuda:1, ... (auto: cuda if available)."),
 ) -> None:
-    """Generate a program with a block-diffusion (SDAR) checkpoint.
+    """Generate a program with a block-diffusion (SDAR) checkpoint. On a CPU, a task's prompt asks for a C++
+    extension (what the CPU harness runs), on a GPU for CUDA.
 
+    \b
     Examples:
-
       dice generate -c ckpt/SDAR-4B-Chat --task level1/19_ReLU.py --out relu.md --eval
-
       dice generate -c ckpt/SDAR-4B-Chat -p "Write a CUDA kernel for a 2D transpose." --temperature 1.0 --seed 0
+      dice generate --random-init --task level1/19_ReLU.py --max-new-tokens 64 --eval   # no weights needed
     """
     if (prompt is None) == (task is None):
         fail("give exactly one of --prompt or --task")
@@ -65,7 +70,9 @@ def generate(
               "or .txt so it extracts the first ```python block")
     if dtype not in _DTYPES:
         fail(f"--dtype must be one of {', '.join(_DTYPES)}")
-    if not (checkpoint / "config.json").is_file():
+    if (checkpoint is None) == (not random_init):
+        fail("give a model: --checkpoint DIR, or --random-init for a tiny random one")
+    if checkpoint is not None and not (checkpoint / "config.json").is_file():
         fail(f"--checkpoint {checkpoint}: no config.json, so not a Hugging Face checkpoint directory (give the "
               "directory holding config.json, *.safetensors and tokenizer.json)")
 
@@ -80,9 +87,11 @@ def generate(
                          threshold=threshold, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     torch_dtype = (None if dev.type == "cuda" else torch.float32) if dtype == "auto" else getattr(torch, dtype)
-    text = e2e_user(load_task_file(task).code) if task is not None else prompt
+    backend = "cuda" if dev.type == "cuda" else "cpu"  # what the harness will run the answer on
+    text = e2e_user(load_task_file(task).code, backend) if task is not None else prompt
 
-    generator = Generator.from_checkpoint(checkpoint, dtype=torch_dtype, device=dev)
+    generator = (Generator.from_checkpoint(checkpoint, dtype=torch_dtype, device=dev) if checkpoint is not None
+                 else _random_generator(dev, seed))
     began = time.perf_counter()
     # a task prompt gets the same system message as the SFT and RL data, so sampling sees what training saw
     result = generator([text], cfg, chat=not raw, system=SYSTEM_PROMPT if task is not None else None)[0]
@@ -100,4 +109,19 @@ def generate(
     if run_eval:
         dice = shutil.which("dice")
         command = [dice] if dice else [sys.executable, "-c", "from dice_kernels.cli import app; app()"]
-        raise typer.Exit(subprocess.call([*command, "eval", "--task", str(task), str(solution)]))
+        raise typer.Exit(subprocess.call([*command, "eval", "--task", str(task), str(solution), "--backend", backend]))
+
+
+def _random_generator(device, seed: int | None):
+    """A tiny random model (model.config.tiny_config) over a byte tokenizer: `dice generate` without weights."""
+    import torch
+
+    from dice_kernels.model.config import tiny_config
+    from dice_kernels.model.tokenizer import byte_tokenizer
+    from dice_kernels.model.transformer import BlockDiffusionLM
+    from dice_kernels.sampling.generate import Generator
+
+    tokenizer = byte_tokenizer()
+    torch.manual_seed(0 if seed is None else seed)
+    model = BlockDiffusionLM(tiny_config(len(tokenizer), tokenizer.mask_token_id)).to(device).eval()
+    return Generator(model, tokenizer)
