@@ -91,6 +91,15 @@ def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):
     assert chat_prompt(tok, "hello", SYSTEM_PROMPT) == data_chat_prompt("hello", SYSTEM_PROMPT)
     # boilerplate lines of the template programs are one token each
     assert len(tok.encode("from torch.utils.cpp_extension import load_inline\n", add_special_tokens=False)) == 1
+    # a forward line is the same tokens in the task and in the solution's comment, its constant a token of its own
+    line = "h = h * 0.5\n"
+    in_task = tok.encode("        " + line, add_special_tokens=False)
+    in_comment = tok.encode("            // " + line, add_special_tokens=False)
+    assert in_task[1:] == in_comment[2:] == tok.encode(line, add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in in_task]
+    cuts = {sum(len(p) for p in pieces[:k]) for k in range(len(pieces) + 1)}
+    start = "".join(pieces).index("0.5")
+    assert {start, start + 3} <= cuts  # no token spans the number's edges
 
 
 @pytest.mark.slow

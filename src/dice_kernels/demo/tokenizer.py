@@ -1,8 +1,9 @@
 """A small byte-level BPE tokenizer trained on the demo world's text, saved as a Hugging Face tokenizer directory
 that `model.tokenizer.load_tokenizer` reads: Qwen's chat tokens, a mask token and a Qwen3-style chat template.
 
-Pre-tokenization splits only at line ends, so merges may span a whole line: a boilerplate line of the template
-programs becomes one token, and a model of a few layers sees prompts and programs of a few hundred tokens.
+Pre-tokenization cuts lines into indentation, `// `, single digits and the runs between them, and BPE merges only
+within a run: a boilerplate line is one token or two (short prompts for a CPU-sized model), while a forward line
+is the same tokens in the prompt and in a solution's `// ` comment, and a constant is a token the model can copy.
 Qwen3's own vocabulary (151k ids) would make the embedding and head of a CPU-sized model most of its compute.
 """
 
@@ -19,7 +20,10 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
 )
-LINE = r"[^\n]*\n|[^\n]+"  # one line with its newline: the unit BPE merges within
+LINE = r"[^\n]*\n|[^\n]+"  # one line with its newline
+# within a line: indentation (2+ spaces), a comment marker, a number (not the digits of a name like int64_t); each
+# its own piece, the text between them too
+PIECE = r" {2,}|// |(?<![A-Za-z_0-9.])[0-9]+(?:\.[0-9]+)?"
 
 
 def train_tokenizer(texts: Iterable[str], out_dir: Path, vocab_size: int = 4096) -> Any:
@@ -30,6 +34,7 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, vocab_size: int = 4096)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LINE), behavior="isolated"),
+        pre_tokenizers.Split(Regex(PIECE), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()

@@ -97,13 +97,10 @@ class Spec:
 
     @property
     def args(self) -> list[str]:
-        """The inputs of forward: x, then each extra input in order of first use."""
-        out = ["x"]
-        for name in self.ops:
-            arg = _OPS[name].arg
-            if arg and arg not in out:
-                out.append(arg)
-        return out
+        """The inputs of forward: x, then the extra inputs it uses in one fixed order (y, b, s), so every held-out
+        signature is one the training set has (order of first use would make new ones)."""
+        used = {_OPS[name].arg for name in self.ops}
+        return ["x"] + [a for a in ARG_SHAPES if a in used]
 
     @property
     def level(self) -> int:
@@ -132,17 +129,26 @@ def _const(c: float) -> str:
     return repr(float(c))
 
 
-def reference_program(spec: Spec) -> str:
+def forward_lines(spec: Spec) -> list[str]:
+    """The body of `Model.forward` before its `return`, one line per step, without indentation."""
     lines, h = [], "x"
     steps = [(_OPS[n].spellings[s], c) for n, s, c in zip(spec.ops, spec.spellings, spec.consts)]
     if spec.reduction:
         steps.append((_REDUCTIONS[spec.reduction].spellings[spec.spellings[-1]], None))
     for spelling, c in steps:
-        lines.append(f"        {spec.var} = {spelling.format(h=h, c=_const(c) if c is not None else '')}")
+        lines.append(f"{spec.var} = {spelling.format(h=h, c=_const(c) if c is not None else '')}")
         h = spec.var
+    return lines
+
+
+def _forward_def(spec: Spec) -> str:
+    return f"def forward(self, {', '.join(spec.args)}):"
+
+
+def reference_program(spec: Spec) -> str:
+    body = "\n".join(f"        {line}" for line in forward_lines(spec))
     args = spec.args
-    inputs = ", ".join(f"torch.randn({ARG_SHAPES.get(a, 'rows, cols')})" for a in args)
-    body = "\n".join(lines)
+    inputs = ", ".join(f"torch.randn({ARG_SHAPES.get(a, 'rows, cols')})" for a in spec.args)
     return f'''import torch
 import torch.nn as nn
 
@@ -151,9 +157,9 @@ class Model(nn.Module):
     def __init__(self):
         super().__init__()
 
-    def forward(self, {", ".join(args)}):
+    {_forward_def(spec)}
 {body}
-        return {h}
+        return {spec.var}
 
 
 rows = {spec.rows}
@@ -170,12 +176,15 @@ def get_init_inputs():
 
 
 def _statements(spec: Spec, cuda: bool, indent: str) -> str:
-    out = []
-    for name, c in zip(spec.ops, spec.consts):
-        op = _OPS[name]
-        text = (op.cuda or op.cpp) if cuda else op.cpp
-        out.append(indent + text.format(c=_const(c) if c is not None else ""))
-    return "\n".join(out)
+    """One statement per element-wise op, each after its forward line as a comment (real code often says which
+    PyTorch line a statement implements; here it also makes the translation local: copy the next forward line,
+    then write the statement it becomes). A reduction's fold into `acc` comes last, after its own line."""
+    texts = [((op.cuda or op.cpp) if cuda else op.cpp).format(c=_const(c) if c is not None else "")
+             for op, c in zip((_OPS[n] for n in spec.ops), spec.consts)]
+    if spec.reduction:
+        red = _REDUCTIONS[spec.reduction]
+        texts.append(red.cuda_update if cuda else red.update)
+    return "\n".join(f"{indent}// {line}\n{indent}{text}" for line, text in zip(forward_lines(spec), texts))
 
 
 def _signature(spec: Spec) -> str:
@@ -197,7 +206,6 @@ def cpu_source(spec: Spec) -> str:
             int64_t i = r * cols + c;
             float v = px[i];
 {inner}
-            {red.update}
         }}
         {red.store}"""
     else:
@@ -208,7 +216,8 @@ def cpu_source(spec: Spec) -> str:
             po[i] = v;
         }}"""
     inner_lines = "\n".join(line for line in loop.split("\n") if line.strip())
-    return f"""{_signature(spec)} {{
+    return f"""// {_forward_def(spec)}
+{_signature(spec)} {{
     int64_t rows = x.size(0), cols = x.size(1);
     auto out = torch::empty({_out_shape(spec)}, x.options());
 {pointers}
@@ -232,7 +241,6 @@ def cuda_source(spec: Spec) -> str:
         int64_t i = r * cols + c;
         float v = px[i];
 {_statements(spec, cuda=True, indent="        ")}
-        {red.cuda_update}
     }}
     {red.store}"""
         count = "rows"
@@ -246,7 +254,8 @@ def cuda_source(spec: Spec) -> str:
         count = "rows * cols"
     body = "\n".join(line for line in body.split("\n") if line.strip())
     launch_args = ", ".join(f"{a}.data_ptr<float>()" for a in spec.args)
-    return f"""__global__ void fused_kernel({params}, float* po, int64_t rows, int64_t cols) {{
+    return f"""// {_forward_def(spec)}
+__global__ void fused_kernel({params}, float* po, int64_t rows, int64_t cols) {{
 {body}
 }}
 
@@ -303,7 +312,7 @@ def random_spec(rng: random.Random) -> Spec:
             break
     consts = tuple(rng.choice(_OPS[n].consts) if _OPS[n].consts else None for n in ops)
     spellings = tuple(rng.randrange(len(_OPS[n].spellings)) for n in ops) + (rng.randrange(2),)
-    return Spec(ops, reduction, consts, spellings, rng.choice(("x", "h", "out")), rng.choice(ROWS), rng.choice(COLS))
+    return Spec(ops, reduction, consts, spellings, rng.choice(("x", "h")), rng.choice(ROWS), rng.choice(COLS))
 
 
 def build_world(seed: int, n_train: int, n_heldout: int, heldout_fraction: float = 0.2) -> list[WorldTask]:
