@@ -264,9 +264,11 @@ def death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str, timeou
     sig = exit_.signal_name
     if sig == "SIGXFSZ":
         return Outcome.RUNTIME_ERROR, f"wrote a file larger than the {cfg.file_limit_mb} MiB limit"
-    if sig == "SIGKILL":  # not ours (a timeout or the watchdog says so above): the OS, e.g. its OOM killer
-        return MEMORY_ERROR, ("killed by the operating system (SIGKILL), most likely its out-of-memory killer: "
-                              f"lower --memory-limit-gb (now {cfg.memory_limit_gb:g} GiB) or run fewer workers")
+    if sig == "SIGKILL" and exit_.peak_rss_bytes * 2 > cfg.memory_limit_bytes:
+        # not ours (a timeout or the watchdog says so above), and it held much memory: the OS's OOM killer
+        return MEMORY_ERROR, (f"killed by the operating system (SIGKILL) at {exit_.peak_rss_bytes / 2**30:.1f} GiB "
+                              "resident, most likely its out-of-memory killer: lower --memory-limit-gb (now "
+                              f"{cfg.memory_limit_gb:g} GiB) or run fewer workers")
     if sig:
         kind = (Outcome.CUDA_MEMORY_ERROR if cfg.resolved_backend() == "cuda" else MEMORY_ERROR) \
             if "memory" in tail.lower() else Outcome.RUNTIME_ERROR
