@@ -153,14 +153,16 @@ def candidate_table(results: list[EvalResult]):
     from rich.table import Table
 
     rows = candidate_rows(results)
-    expected = any(r["expected"] for r in rows)
+    # a column only when some row fills it, so the table fits 80 columns (a long file name wraps, never cut)
+    columns = ["task", "file", "outcome", *(["sub_kind"] if any(r["sub_kind"] for r in rows) else []), "speedup",
+               *(["expected"] if any(r["expected"] for r in rows) else [])]
     table = Table(title="candidates")
-    for col in ("task", "file", "outcome", "sub-kind", "speedup", *(("expected",) if expected else ())):
-        table.add_column(col, justify="right" if col == "speedup" else "left")
+    for col in columns:
+        table.add_column(col.replace("_", "-"), justify="right" if col == "speedup" else "left",
+                         overflow="fold", no_wrap=col != "file")
     for r in rows:
-        mark = ("" if not r["expected"] else " [green]✓[/]" if _got_expected(r) else " [red]✗[/]")
-        table.add_row(r["task"], r["file"], r["outcome"], r["sub_kind"], r["speedup"],
-                      *((r["expected"] + mark,) if expected else ()))
+        mark = "" if not r["expected"] else " [green]✓[/]" if _got_expected(r) else " [red]✗[/]"
+        table.add_row(*(r[col] + (mark if col == "expected" else "") for col in columns))
     return table
 
 
