@@ -5,6 +5,7 @@ Thin: each command parses its options and calls the stage modules; heavy imports
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -66,8 +67,9 @@ def build(
     import_results: Optional[list[Path]] = typer.Option(
         None, exists=True, dir_okay=False, help="A harness results.sqlite of another run (a shard verified on "
                                                 "another GPU or machine) whose results verify reuses (repeatable)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress",
-                                  help="Show progress bars; without them, a line per evaluated pair (for logs)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default="a bar on a terminal",
+                                            help="Progress bars, or a line per evaluated pair (for logs). Default: "
+                                                 "bars when stdout is a terminal."),
     eval_config=None,  # the harness's options, the same as `dice eval`'s (harness/cli_options.py)
 ) -> None:
     """Run (or resume) the whole pipeline and write the SFT set, RL task sets, decisions and report. Pairs are
@@ -98,7 +100,7 @@ def build(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
         dedupe=DedupeConfig(threshold=near_dup), decontam=DecontamConfig(threshold=overlap),
-        progress=progress, limit=limit, import_results=tuple(import_results or ()))
+        progress=sys.stdout.isatty() if progress is None else progress, limit=limit, import_results=tuple(import_results or ()))
     console = Console()
     report = run_build(cfg, log=console.log)
     for s in report["stages"]:
