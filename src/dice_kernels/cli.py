@@ -91,8 +91,8 @@ def eval_cmd(
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
     if example:
-        console.print(f"the shipped examples: {len(pairs)} candidates for 2 tasks, each file saying what it shows "
-                      "and the outcome it should get (the 'expected' column below)")
+        console.print(f"the shipped examples: {len(pairs)} candidates for {len({t.id for t, _ in pairs})} tasks, each "
+                      "file saying what it shows and the outcome it should get (the 'expected' column below)")
 
     from dice_kernels.harness import evaluate
 
