@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -171,8 +172,10 @@ def _open_store(run_dir: Path, flag: str):
 def _check_resumable(run_dir: Path, config) -> None:
     """A resumed run must judge with the settings its results were judged with."""
     store = _open_store(run_dir, "--resume")
-    stored = store.get_meta("config") or {}
+    stored, platform = store.get_meta("config") or {}, store.get_meta("platform") or {}
     store.close()
+    if "backend" in platform:  # the backend the run used ("auto" and "cpu" agree on a machine without a GPU)
+        stored, config = {**stored, "backend": platform["backend"]}, replace(config, backend=config.resolved_backend())
     if differences := config.differences(stored):
         fail(f"--resume: {run_dir} was evaluated with other settings ({'; '.join(differences)}); resume with the "
               "run's settings, or give another --out for new ones")
