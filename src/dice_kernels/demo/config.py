@@ -33,10 +33,10 @@ class ModelShape:
 
 @dataclass
 class SFTSection:
-    steps: int = 240
-    batch_rows: int = 16  # packed rows per step
+    steps: int = 720
+    batch_rows: int = 8  # packed rows per step (small: more optimizer steps for the same compute)
     export_every: int = 0  # also export a checkpoint every this many steps (0: only the final one)
-    lr: float = 2e-3  # from scratch: far above DICE's 1e-5 for a pretrained model
+    lr: float = 3e-3  # from scratch: far above DICE's 1e-5 for a pretrained model
     # packed row length; 0: the longest sample, one sample a row (dense attention costs the square of the row)
     row_tokens: int = 0
 
@@ -47,14 +47,15 @@ class RLSection:
     e2e_steps: int = 3  # phase 2 (and the whole of the SFT + e2e RL arm)
     tasks_per_step: int = 4
     group: int = 4  # rollouts per task
-    lr: float = 2e-5
-    temperature: float = 1.0
+    # a from-scratch model far from DICE's pretrained one: a few steps at DICE's 1e-6 would not move it
+    lr: float = 1e-4
+    temperature: float = 0.7  # below DICE's 1.0: a small model's samples at 1.0 rarely compile, so groups are flat
 
 
 @dataclass
 class BenchSection:
     samples: int = 1  # greedy generations per held-out task
-    max_new_tokens: int = 96
+    max_new_tokens: int = 112  # the longest template solution is ~103 tokens
 
 
 @dataclass
@@ -82,11 +83,11 @@ def preset(scale: str, out: Path) -> DemoConfig:
         cfg = dataclasses.replace(
             cfg, backend="cuda",
             world=WorldSection(n_train=4000, n_heldout=32),
-            model=ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
-                             num_key_value_heads=4),
-            sft=SFTSection(steps=1500, batch_rows=32, lr=1e-3),
+            model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
+                             num_key_value_heads=2, head_dim=64),
+            sft=SFTSection(steps=2000, batch_rows=32, lr=2e-3),
             # every distinct rollout is a CUDA build (nvcc): RL stays small to fit one GPU in under half an hour
-            rl=RLSection(infill_steps=4, e2e_steps=8, tasks_per_step=8, group=4, lr=1e-5),
+            rl=RLSection(infill_steps=2, e2e_steps=3, tasks_per_step=8, group=4, lr=5e-5),
         )
     return cfg
 

@@ -270,22 +270,20 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     tokenizer = timings.run("tokenizer", stage_tokenizer, cfg, files)
     init = timings.run("init", stage_init, cfg, tokenizer)
     echo(f"SFT: {cfg.sft.steps} steps from a random init -> {cfg.out / 'sft'}")
-    checkpoints: dict[str, Path | Gap] = {"sft": timings.run("sft", stage_sft, cfg, files, init, tokenizer)}
+    sft = timings.run("sft", stage_sft, cfg, files, init, tokenizer)
     why = _missing("dice_kernels.train.rl")
-    for arm in ARMS[1:]:
-        if why:
-            checkpoints[arm] = Gap(arm, why)
-            gaps.append(checkpoints[arm])
-            continue
-        echo(f"RL ({ARM_TITLES[arm]}) -> {cfg.out / arm}")
-        checkpoints[arm] = timings.run(arm, stage_rl, cfg, files, checkpoints["sft"], arm)
     arms: dict[str, dict | Gap] = {}
-    for arm, checkpoint in checkpoints.items():
-        if isinstance(checkpoint, Gap):
-            arms[arm] = checkpoint
+    for arm in ARMS:  # each arm is benchmarked as soon as it is trained, so a stopped demo has its finished arms
+        if arm != "sft" and why:
+            arms[arm] = Gap(arm, why)
+            gaps.append(arms[arm])
             continue
+        checkpoint = sft
+        if arm != "sft":
+            echo(f"RL ({ARM_TITLES[arm]}) -> {cfg.out / arm}")
+            checkpoint = timings.run(arm, stage_rl, cfg, files, sft, arm)
         echo(f"bench ({ARM_TITLES[arm]}) on {cfg.world.n_heldout} held-out tasks -> {cfg.out / 'bench' / arm}")
         arms[arm] = timings.run(f"bench {arm}", stage_bench, cfg, checkpoint, files, arm)
-    report = write_report(cfg, arms, timings.seconds, gaps)
+        report = write_report(cfg, arms, timings.seconds, gaps)  # after every arm: a stopped demo keeps its table
     echo(f"report: {cfg.out / 'report.md'}")
     return report

@@ -147,7 +147,6 @@ def _forward_def(spec: Spec) -> str:
 
 def reference_program(spec: Spec) -> str:
     body = "\n".join(f"        {line}" for line in forward_lines(spec))
-    args = spec.args
     inputs = ", ".join(f"torch.randn({ARG_SHAPES.get(a, 'rows, cols')})" for a in spec.args)
     return f'''import torch
 import torch.nn as nn
