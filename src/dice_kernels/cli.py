@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -103,7 +104,7 @@ def eval_cmd(
     evaluate(pairs, config, out_dir=out, resume=resume,
              progress=sys.stdout.isatty() if progress is None else progress)
     wall_s = round(time.monotonic() - start, 1)
-    _write_report(out, {"wall_s": wall_s, "command": " ".join(["dice", *sys.argv[1:]])}, show_candidates=example or len(pairs) <= 40)
+    _write_report(out, {"wall_s": wall_s, "command": shlex.join(["dice", *sys.argv[1:]])}, show_candidates=example or len(pairs) <= 40)
     if cache_was_empty and (size := _size_mb(config.cache_dir)) > 100:  # said once: the first run that compiled
         console.print(f"first run with this build cache: {wall_s:.0f} s, most of it compiling (the extensions and "
                       f"precompiled headers); {config.cache_dir} now holds {size:.0f} MB and makes later runs fast "
