@@ -82,18 +82,46 @@ def noisy_hidden_states(model: BlockDiffusionLM, batch: PackedBatch, noisy_ids: 
     Each noisy block sees itself and the clean earlier blocks of its sample; clean tokens see clean tokens
     block-causally (the mask is `block_diffusion_mask_mod`). `flex` never builds the 2L x 2L mask; `dense`
     does, for SDPA (CPU training, and the benchmark's comparison).
+
+    A noisy block without a trained token (prompt only) is seen by nothing but itself and yields no loss, so the
+    dense path leaves it out of the noisy half (its rows are zeros): with long prompts that is much of the step.
+    Flex keeps the full noisy half: compiled kernels want one shape per row length.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     rows, length = batch.input_ids.shape
-    noisy = torch.ones_like(batch.response)
-    layout = Layout(batch.doc, batch.positions, noisy).cat(Layout(batch.doc, batch.positions, ~noisy))
-    mask_mod = block_diffusion_mask_mod(layout, layout, block_size)
+    clean = Layout(batch.doc, batch.positions, torch.zeros_like(batch.response))
+    if backend == "dense":
+        take, valid = _trained_block_positions(batch.response, block_size)
+        gather = take.clamp(max=length - 1)
+        # left-out slots are a sample of their own (doc -1) at position 0: they see each other, nothing else
+        noisy = Layout(torch.where(valid, batch.doc.gather(1, gather), -1),
+                       torch.where(valid, batch.positions.gather(1, gather), 0), torch.ones_like(valid))
+        noisy_ids = noisy_ids.gather(1, gather)
+    else:
+        noisy = Layout(batch.doc, batch.positions, torch.ones_like(batch.response))
+    layout = noisy.cat(clean)
+    total = layout.pos.shape[1]
     build = flex_block_mask if backend == "flex" else dense_mask
-    mask = build(mask_mod, rows, 2 * length, 2 * length, batch.input_ids.device)
+    mask = build(block_diffusion_mask_mod(layout, layout, block_size), rows, total, total, batch.input_ids.device)
     ids = torch.cat([noisy_ids, batch.input_ids], dim=1)
-    positions = torch.cat([batch.positions, batch.positions], dim=1)
-    return model.hidden_states(ids, positions, Attention(mask))[:, :length]
+    hidden = model.hidden_states(ids, layout.pos, Attention(mask))[:, : total - length]
+    if backend == "flex":
+        return hidden
+    full = hidden.new_zeros(rows, length + 1, hidden.shape[-1])  # column `length` takes the padding slots
+    return full.scatter(1, take[..., None].expand_as(hidden), hidden)[:, :length]
+
+
+def _trained_block_positions(response: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """The positions of every block (on the row's grid, where samples start) holding a trained token, in order,
+    per row [B, N], and which are real [B, N] (rows with fewer are padded with position L)."""
+    rows, length = response.shape
+    trained = F.pad(response, (0, -length % block_size)).view(rows, -1, block_size).any(-1)
+    keep = trained.repeat_interleave(block_size, dim=1)[:, :length]
+    count = keep.sum(1)
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, : int(count.max())]  # kept ones first
+    valid = torch.arange(order.shape[1], device=response.device) < count[:, None]
+    return torch.where(valid, order, length), valid
 
 
 def sft_loss(model: BlockDiffusionLM, batch: PackedBatch, corruption: Corruption, block_size: int,
