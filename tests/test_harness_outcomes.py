@@ -52,7 +52,7 @@ CORPUS = {
     "raises": (_model("raise RuntimeError('kernel launch failed: bad grid')"), Outcome.RUNTIME_ERROR,
                "bad grid"),
     "hang": (_model("while True: pass"), Outcome.TIMEOUT, "wall-clock"),
-    "huge_allocation": (_model("return torch.empty(1 << 40, dtype=torch.uint8)"), Outcome.CUDA_MEMORY_ERROR, ""),
+    "huge_allocation": (_model("return torch.empty(1 << 40, dtype=torch.uint8)"), Outcome.MEMORY_ERROR, ""),
     "prints_gigabytes": (_model("import sys\n        while True: sys.stdout.write('x' * (1 << 20))"),
                          Outcome.TIMEOUT, ""),
     "writes_outside": (HEADER + f"open({str(ESCAPE)!r}, 'w').write('pwned')\n" + OK_MODEL, Outcome.PYTHON_ERROR,

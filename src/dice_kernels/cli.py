@@ -69,7 +69,8 @@ def eval_cmd(
       dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --resume
 
     Each candidate gets one outcome: correct, generation_failure, compile_error, python_error,
-    cuda_memory_error, runtime_error, timeout, shape_mismatch, value_mismatch, deceptive or harness_error.
+    cuda_memory_error, memory_error, runtime_error, timeout, shape_mismatch, value_mismatch, deceptive,
+    needs_gpu (CUDA code on the CPU backend: set aside) or harness_error.
     """
     config = eval_config
     if task is None and tasks is None and not example:

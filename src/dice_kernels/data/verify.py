@@ -13,25 +13,11 @@ from pathlib import Path
 from typing import Callable
 
 from dice_kernels.data.records import FAILED, UNVERIFIED, VERIFIED, PairRecord, Verification
+from dice_kernels.harness.build_cache import cuda_marker
 
 STAGE = "verify"
-# What makes a kernel program need a GPU: CUDA sources for load_inline, a kernel definition, or a .cu file.
-_CUDA_MARKERS = (
-    ("cuda_sources", re.compile(r"\bcuda_sources\s*=")),
-    ("__global__", re.compile(r"__global__")),
-    (".cu file", re.compile(r"\.cu[\"']")),
-)
-
 # A kernel program must build an extension; one that never does is PyTorch rewritten, not a kernel pair.
 _EXTENSION_RE = re.compile(r"\bload_inline\s*\(|cpp_extension\.load\s*\(|\bload\s*\(\s*name\s*=")
-
-
-def cuda_marker(code: str) -> str:
-    """The first CUDA marker found in a kernel program, or "" for a program that can run on the CPU."""
-    for name, pattern in _CUDA_MARKERS:
-        if pattern.search(code):
-            return name
-    return ""
 
 
 def from_eval_result(result) -> Verification:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -24,6 +25,23 @@ from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.platform import Platform
 from dice_kernels.harness.protocol import BuildJob
 from dice_kernels.harness.workers import Workers, cleanup, death_outcome
+
+
+# What makes a program need a GPU: CUDA sources for load_inline, a kernel definition, or a .cu file. On the CPU
+# backend such a program is set aside before any build (`needs_gpu`), as `dice data` leaves it unverified.
+_CUDA_MARKERS = (
+    ("cuda_sources", re.compile(r"\bcuda_sources\s*=")),
+    ("__global__", re.compile(r"__global__")),
+    (".cu file", re.compile(r"\.cu[\"']")),
+)
+
+
+def cuda_marker(code: str) -> str:
+    """The first CUDA marker found in a program, or "" for a program that can run on the CPU."""
+    for name, pattern in _CUDA_MARKERS:
+        if pattern.search(code):
+            return name
+    return ""
 
 
 @dataclass
@@ -58,7 +76,8 @@ class BuildAcceleration:
     def start(self, uncached: list[str]) -> None:
         # only programs that compile need a header: a batch of pure-Python candidates waited minutes of a cold
         # cache for one nobody used (a program that reaches the compiler unnamed just parses the real header)
-        uncached = [code for code in uncached if "cpp_extension" in code or "load_inline" in code]
+        uncached = [code for code in uncached if ("cpp_extension" in code or "load_inline" in code)
+                    and (self.cuda or not cuda_marker(code))]  # CUDA code on the CPU backend is never built
         if not self.enabled or not uncached:
             return
         # the light header serves the lighter CUDA attempts only, so CUDA builds only
@@ -111,6 +130,10 @@ class BuildCache:
         return b
 
     def _build(self, code: str) -> Build:
+        if self.platform.backend == "cpu" and (marker := cuda_marker(code)):
+            return Build(None, False, Outcome.NEEDS_GPU.value, f"CUDA code ({marker}) on the CPU backend: not built "
+                         "and not counted against Exec; evaluate it on a GPU (--backend cuda), or write a C++ "
+                         "extension (load_inline with cpp_sources only)")
         key, final = self._entry(code)
         manifest = final / "manifest.json"
         if manifest.exists():

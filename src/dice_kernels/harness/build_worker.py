@@ -33,8 +33,7 @@ MEMORY_ERROR_PATTERNS = re.compile(
 HOST_MEMORY_PATTERNS = re.compile(r"std::bad_alloc|Cannot allocate memory|can't allocate memory|MemoryError|"
                                   r"DefaultCPUAllocator", re.IGNORECASE)
 _MAX_ERROR = 4000
-# the outcome of host memory exhausted ("memory_error" once outcomes.py names it; workers.MEMORY_ERROR)
-HOST_MEMORY_ERROR = "memory_error" if "memory_error" in {o.value for o in Outcome} else "cuda_memory_error"
+HOST_MEMORY_ERROR = Outcome.MEMORY_ERROR.value  # host memory exhausted, not a CUDA fault
 
 
 

@@ -41,7 +41,7 @@ def passed_comparison(r: EvalResult) -> bool:
 
 
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
-    n = len(results)
+    n = sum(1 for r in results if r.outcome is not Outcome.NEEDS_GPU)  # set aside, not failed: not in Exec
     good = [r for r in results if is_exec(r)]
     fast = _fast(good, n, ps, _speedup_low)
     counts = Counter(r.outcome.value for r in results)

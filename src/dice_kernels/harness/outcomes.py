@@ -11,13 +11,16 @@ class Outcome(str, Enum):
     GENERATION_FAILURE = "generation_failure"  # no code in the model output, or truncated code
     COMPILE_ERROR = "compile_error"  # nvcc / C++ / ninja failure inside load_inline or load
     PYTHON_ERROR = "python_error"  # syntax, import, missing ModelNew, wrong signature, sys.exit
-    CUDA_MEMORY_ERROR = "cuda_memory_error"  # illegal address, misaligned access, out of memory (device or host)
+    CUDA_MEMORY_ERROR = "cuda_memory_error"  # illegal address, misaligned access, out of memory on the device
+    MEMORY_ERROR = "memory_error"  # host memory: over the worker's --memory-limit-gb, or killed by the OOM killer
     RUNTIME_ERROR = "runtime_error"  # other exceptions in forward, crashes (signals), silent exits
     TIMEOUT = "timeout"
     SHAPE_MISMATCH = "shape_mismatch"
     VALUE_MISMATCH = "value_mismatch"
     DECEPTIVE = "deceptive"  # correct outputs obtained by a known reward hack (robust check)
     HARNESS_ERROR = "harness_error"  # our own fault; must stay at zero
+    # CUDA code on the CPU backend: set aside before any build, not counted in Exec's denominator (metrics.py)
+    NEEDS_GPU = "needs_gpu"
 
     def __str__(self) -> str:  # so f-strings and tables show the plain value
         return self.value

@@ -35,7 +35,8 @@ def unrunnable(task: Task, cand: Candidate, b: Build, ref: Reference | None, bas
     extra.update(_reference_notes(ref))
     if ref is None or ref.outputs is None:
         why = ref.error if ref else "not run"
-        if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value)):  # our limits, not a bad task
+        if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value, Outcome.MEMORY_ERROR.value)):
+            # our limits, not a bad task
             return result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
                           error=f"the reference Model exceeded the harness limits ({why})",
                           extra={**extra, "reference_over_limits": True}, **base)

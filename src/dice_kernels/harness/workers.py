@@ -26,7 +26,7 @@ from dice_kernels.harness.timing import tensor_bytes
 
 _WORKER = "dice_kernels.harness.worker"
 # host memory exhausted (a worker over --memory-limit-gb, outputs too large): not a CUDA fault
-MEMORY_ERROR = getattr(Outcome, "MEMORY_ERROR", Outcome.CUDA_MEMORY_ERROR)  # until outcomes.py names it
+MEMORY_ERROR = Outcome.MEMORY_ERROR
 
 
 @dataclass

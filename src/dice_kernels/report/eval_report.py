@@ -30,6 +30,7 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "metrics": {k: m.to_dict() for k, m in levels.items()},
         "tasks_with_failing_reference": task_errors,
         "tasks_whose_reference_exceeds_limits": over_limits,
+        "needs_gpu": sum(1 for r in results if r.outcome is Outcome.NEEDS_GPU),
         "internal_harness_errors": sum(1 for r in harness_errors
                                        if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
         "speedup_quantiles": _quantiles(speedups),
@@ -208,6 +209,9 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
     for outcome, count in s["metrics"]["all"]["outcomes"].items():
         if count:
             lines.append(f"| {outcome} | {count} |")
+    if s.get("needs_gpu"):
+        lines += ["", f"{s['needs_gpu']} candidate(s) with CUDA code were set aside on the CPU backend (`needs_gpu`): "
+                  "not built and not counted in n, Exec or fast_p; evaluate them on a GPU"]
     if s["tasks_whose_reference_exceeds_limits"]:
         lines += ["", "Tasks whose reference `Model` exceeds the harness's time or memory limits (their candidates "
                   "are counted as harness_error; raise --memory-limit-gb / --run-timeout-s): "
