@@ -127,6 +127,7 @@ def test_without_a_bar_a_heartbeat_names_what_is_in_flight_and_for_how_long(caps
     bar.phase("L1/11/slow", "build")
     bar.phase("L1/11/slow", "reference")
     bar.phase("L2/3/fast", "run")
+    bar.phase("L3/1/later", "queued")  # waiting for a build slot or a run worker: counted, not listed
     time.sleep(0.3)
     bar.advance(EvalResult(task_id="L2/3", candidate_id="L2/3/fast", candidate_sha256="", outcome=Outcome.CORRECT,
                            correct=True, wall_s=1.5))
@@ -137,6 +138,7 @@ def test_without_a_bar_a_heartbeat_names_what_is_in_flight_and_for_how_long(caps
     assert "eval 1/2 L2/3/fast: correct (1.5s)" in err
     last = [line for line in err.splitlines() if "in flight" in line][-1]
     assert last.startswith("eval 1/2 done") and "L2/3/fast" not in last  # a finished one leaves the list
+    assert last.endswith("; 1 queued") and "L3/1/later" not in err
 
 
 BIG_TASK = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
