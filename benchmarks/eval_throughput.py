@@ -63,7 +63,7 @@ candidates only, with its pre-compile (done for all) charged pro rata. Its pre-c
 per build, so its eval phase reuses every library it pre-compiled; `--kb-reuse-precompile-workers` keeps
 KernelBench's pool of reused processes, in which torch's extension versioning made the eval phase build 2-3
 pre-compiled programs again in every H200 run up to `88ba089` (`kernelbench_style.py`).
-"Where the time goes" sums per-phase seconds over candidates (ours: `EvalResult.extra["phase_s"]` of each
+"Where the time goes" sums per-phase seconds over candidates (ours: `EvalResult.phases.seconds` of each
 evaluated program, duplicates skipped, a dotted key such as run.trials being part of the key before the dot,
 plus the one-off precompiled-header build; KernelBench-style: per-process phases of the eval phase plus the
 pre-compile builds); work runs in parallel, so these are worker-seconds, not wall time. Each of our runs also
@@ -286,9 +286,9 @@ def describe(items: list[Item]) -> dict:
 def _row(r: EvalResult) -> dict:
     return {"id": r.candidate_id, "outcome": r.outcome.value, "deceptive_kind": r.deceptive_kind,
             "error": r.error[:300], "wall_s": r.wall_s, "compile_s": r.compile_s,
-            "phase_s": r.extra.get("phase_s"), "duplicate_of": r.extra.get("duplicate_of"),
-            "build_cache_hit": r.extra.get("build_cache_hit"), "build_shortcuts": r.extra.get("build_shortcuts"),
-            "timeline_s": r.extra.get("timeline_s")}
+            "phase_s": r.phases.seconds, "duplicate_of": r.duplicate_of or None,
+            "build_cache_hit": r.build.cache_hit if r.build else None,
+            "build_shortcuts": r.build.shortcuts if r.build else None, "timeline_s": r.phases.timeline}
 
 
 class CpuTrace:

@@ -47,7 +47,7 @@ def one_pass(pairs: list, cache: Path, backend: str, setting: dict) -> dict:
     start, cpu = time.monotonic(), _cpu_s()
     results = evaluate(pairs, config, progress=False)
     wall, cpu = time.monotonic() - start, _cpu_s() - cpu
-    runs = [r.extra["phase_s"]["run"] for r in results if "run" in r.extra.get("phase_s", {})]
+    runs = [r.phases.seconds["run"] for r in results if "run" in r.phases.seconds]
     return {"wall_s": wall, "cpu_s": cpu, "median_run_s": statistics.median(runs) if runs else None,
             "outcomes": {r.candidate_id: r.outcome.value for r in results}}
 

@@ -72,13 +72,13 @@ def test_reference_is_timed_once_then_reused_and_the_timing_recheck_still_catche
 
     def baseline_of(results: dict) -> tuple[bool, float]:
         r = results["19_ReLU/correct"]
-        return r.extra["reference_baseline"]["cached"], r.ref_time_ms
+        return r.reference.baseline.cached, r.ref_time_ms
 
     measured = run(cfg)
     assert baseline_of(measured)[0] is False
     reused = run(cfg)
     assert baseline_of(reused) == (True, baseline_of(measured)[1])  # the very same number, not a new measurement
-    assert reused["19_ReLU/correct"].extra["reference_baseline"]["measured_at"]
+    assert reused["19_ReLU/correct"].reference.baseline.measured_at
 
     remeasured = run(replace(cfg, baselines="fresh"))
     assert baseline_of(remeasured)[0] is False

@@ -133,6 +133,7 @@ def test_a_killed_run_resumes_without_generating_or_evaluating_again(checkpoint,
 
 def test_pass_at_k_and_compare_on_recorded_results(tmp_path):
     from dice_kernels.harness import EvalResult, Outcome
+    from dice_kernels.harness.outcomes import Timing
     from dice_kernels.report.bench_report import compare, pass_at, pass_at_k
 
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4) and pass_at_k(5, 2, 4) == 1.0 and pass_at_k(5, 0, 3) == 0.0
@@ -141,9 +142,9 @@ def test_pass_at_k_and_compare_on_recorded_results(tmp_path):
         pass_at_k(2, 1, 3)
 
     def result(task: str, sample: int, outcome: Outcome, speedup: float | None = None) -> EvalResult:
-        extra = {"speedup_ci95": [speedup * 0.9, speedup * 1.1]} if speedup else {}
+        timing = Timing(speedup_ci95=[speedup * 0.9, speedup * 1.1]) if speedup else None
         return EvalResult(task_id=task, candidate_id=f"{task}#s{sample}", candidate_sha256="x", outcome=outcome,
-                          level=1, speedup=speedup, extra=extra)
+                          level=1, speedup=speedup, timing=timing)
 
     a = [result("L1/1", 0, Outcome.CORRECT, 2.5), result("L1/1", 1, Outcome.VALUE_MISMATCH),
          result("L1/2", 0, Outcome.COMPILE_ERROR), result("L1/2", 1, Outcome.COMPILE_ERROR)]

@@ -62,8 +62,8 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
     without = {r.candidate_id: r for r in evaluate(pairs, plain, progress=False)}
     assert {k: r.outcome for k, r in with_pch.items()} == {k: r.outcome for k, r in without.items()} == {
         "19_ReLU/correct": Outcome.CORRECT, "19_ReLU/broken": Outcome.COMPILE_ERROR}
-    assert [s["pch"] for s in with_pch["19_ReLU/correct"].extra["build_shortcuts"]] == [True]
-    assert [s["pch"] for s in without["19_ReLU/correct"].extra["build_shortcuts"]] == [False]
+    assert [s["pch"] for s in with_pch["19_ReLU/correct"].build.shortcuts] == [True]
+    assert [s["pch"] for s in without["19_ReLU/correct"].build.shortcuts] == [False]
     assert list((tmp_path / "fast" / "pch").glob("*/torch/extension.h.gch"))
     assert not (tmp_path / "plain" / "pch").exists()
     # the compiler's own message, not one about the header shortcut
@@ -76,7 +76,7 @@ def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(tmp
     (result,) = evaluate(pairs, config, progress=False)
     assert result.outcome is Outcome.COMPILE_ERROR
     assert "extension.h" not in result.error  # the compiler's own message about the candidate's code
-    (shortcut,) = result.extra["build_shortcuts"]
+    (shortcut,) = result.build.shortcuts
     assert shortcut["pch"] is True and shortcut["pch_wait_s"] > 0  # main.cpp waited for the header, then had it
     assert not list((tmp_path / "pch").glob("*.building"))
     (header,) = (tmp_path / "pch").glob("*/torch/extension.h.gch")  # for extra_cflags [] only: no code names others

@@ -162,7 +162,7 @@ def test_a_task_whose_inputs_cannot_fit_is_reported_before_it_runs_and_the_repor
              "--trials", "1", "--no-timing", env=env)
     assert r.returncode == 0, r.stderr
     row = json.loads((out / "results.jsonl").read_text())
-    assert row["outcome"] == "harness_error" and row["extra"]["reference_over_limits"]
+    assert row["outcome"] == "harness_error" and row["details"]["task_flags"]["over_limits"]
     assert ("its inputs alone take 2.0 GiB (get_inputs), more than the 1 GiB a worker may hold (--memory-limit-gb"
             in row["error"] and row["error"].endswith("not run)"))
     assert f"eval 1/1 {sol}: harness_error" in r.stderr  # no bar without a terminal: a line per result

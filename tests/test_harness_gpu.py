@@ -30,7 +30,7 @@ def test_cuda_examples(build_cache, tmp_path, example_pairs):
     good = res["19_ReLU/correct"]
     assert good.speedup and good.speedup > 0 and good.hardware and good.backend == "cuda"
     # the speed-of-light bound is on by default on CUDA: reported, and an honest kernel stays below it
-    assert good.extra["speed_of_light"]["sol_ms"] > 0 and not good.extra["speed_of_light"]["faster_than_light"]
+    assert good.timing.speed_of_light.sol_ms > 0 and not good.timing.speed_of_light.faster_than_light
     assert (build_cache / "ceilings.json").exists()
     # the build targets the present GPU's architecture (e.g. sm_90 on an H200), not a hard-coded older one
     from torch.utils.cpp_extension import CUDA_HOME
@@ -63,11 +63,11 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
     assert {k: r.outcome for k, r in res.items()} == {"19_ReLU/correct": Outcome.CORRECT,
                                                      "19_ReLU/needs_full_header": Outcome.CORRECT}
     # the lean headers serve the plain kernel; the one that needs torch/cuda.h falls back to its own
-    assert [s["headers"] for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == [["lean"]]
+    assert [s["headers"] for s in res["19_ReLU/correct"].build.shortcuts] == [["lean"]]
     # its cpp_sources only declare relu_forward: main.cpp took the light torch/extension.h, and the bindings work
-    assert [(s.get("light_main"), s["pch"]) for s in res["19_ReLU/correct"].extra["build_shortcuts"]] == [
+    assert [(s.get("light_main"), s["pch"]) for s in res["19_ReLU/correct"].build.shortcuts] == [
         (True, True)]  # ...and its precompiled form, which this cold run built
-    assert [s["headers"] for s in res["19_ReLU/needs_full_header"].extra["build_shortcuts"]] == [["lean", "own"]]
+    assert [s["headers"] for s in res["19_ReLU/needs_full_header"].build.shortcuts] == [["lean", "own"]]
 
 
 def test_inputs_are_generated_on_the_gpu_and_on_the_cpu_where_get_inputs_needs_it():
@@ -96,6 +96,6 @@ def test_a_cuda_compile_error_on_a_cold_cache_skips_main_cpp(tmp_path, example_p
     (r,) = evaluate([(task, broken)], config, progress=False)
     assert r.outcome is Outcome.COMPILE_ERROR and "expected a \";\"" in r.error
     assert "skipped" not in r.error  # the excerpt holds the compiler's error lines, not the waiting compiler's
-    (shortcut,) = r.extra["build_shortcuts"]
+    (shortcut,) = r.build.shortcuts
     assert shortcut["headers"] == ["lean", "own"]
     assert shortcut.get("main_skipped", 0) >= 1  # the lean attempt's at least: it fails seconds into its parse

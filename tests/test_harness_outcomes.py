@@ -93,20 +93,20 @@ def test_outcome(results, name):
 @pytest.mark.slow
 def test_a_program_differing_only_in_layout_is_evaluated_once(results):
     dup, first = results["pytorch_relu_reformatted"], results["pytorch_relu"]
-    assert dup.extra["duplicate_of"] == "pytorch_relu" and dup.candidate_sha256 != first.candidate_sha256
-    assert "duplicate_of" not in results["pytorch_relu"].extra
+    assert dup.duplicate_of == "pytorch_relu" and dup.candidate_sha256 != first.candidate_sha256
+    assert results["pytorch_relu"].duplicate_of == ""
 
 
 @pytest.mark.slow
 def test_a_fallback_finding_carries_every_op_it_saw_with_counts(results):
-    [finding] = [f for f in results["pytorch_relu"].extra["robust"]["findings"] if f["kind"] == "pytorch_fallback"]
-    assert finding["ops"] == {"aten::relu": 2}  # two correctness trials, one relu each; nothing else is compute
+    [finding] = [f for f in results["pytorch_relu"].robust.findings if f.kind == "pytorch_fallback"]
+    assert finding.ops == {"aten::relu": 2}  # two correctness trials, one relu each; nothing else is compute
 
 
 @pytest.mark.slow
 def test_sandbox_blocked_the_write_and_isolated_the_network(results):
     assert not ESCAPE.exists()
-    notes = results["pytorch_relu"].extra["sandbox"]
+    notes = results["pytorch_relu"].sandbox
     assert any("landlock" in n for n in notes) and any("network namespace" in n for n in notes)
 
 
@@ -125,7 +125,7 @@ def test_example_set_real_cpp_extensions(build_cache, tmp_path, example_pairs):
         assert res[name].speedup and res[name].speedup > 0 and res[name].compile_s is not None
     # second evaluation: every build comes from the content-addressed cache
     again = evaluate(pairs, config, progress=False)
-    assert all(r.extra.get("build_cache_hit") for r in again)
+    assert all(r.build.cache_hit for r in again)
 
 
 def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_path, example_pairs):
@@ -158,12 +158,12 @@ def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_
     assert measured["float32"]["bandwidth_bytes_s"] > 1e8 and measured["float32"]["peak_flops"] > 1e8
 
     honest = evaluate_with(1e18)
-    assert honest.speedup and not honest.extra["speed_of_light"]["faster_than_light"]
-    assert honest.extra["speed_of_light"]["bytes"] == 2 * 4 * 64 * 4096  # the ReLU task: input read, output written
+    assert honest.speedup and not honest.timing.speed_of_light.faster_than_light
+    assert honest.timing.speed_of_light.bytes == 2 * 4 * 64 * 4096  # the ReLU task: input read, output written
 
     beaten = evaluate_with(1e3)
-    assert beaten.speedup is None and "faster_than_light" in beaten.extra["timing_flags"]
-    assert beaten.extra["speed_of_light"]["quarantined_speedup"] > 0 and "speedup_ci95" not in beaten.extra
+    assert beaten.speedup is None and "faster_than_light" in beaten.timing_flags
+    assert beaten.timing.speed_of_light.quarantined_speedup > 0 and beaten.timing.speedup_ci95 is None
 
 
 @pytest.mark.slow
@@ -173,9 +173,9 @@ def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_p
     pairs = [honest, (honest[0], candidate_from_text(_model("return x * 2"), id="wrong"))]
     config = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, cache_dir=build_cache)
     right, wrong = evaluate(pairs, config, progress=False)
-    assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.extra["phase_s"]
+    assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.phases.seconds
     assert wrong.outcome is Outcome.VALUE_MISMATCH and wrong.timing_trials == 0 and wrong.cand_time_ms is None
-    assert "run.verdict" in wrong.extra["phase_s"] and "run.timing" not in wrong.extra["phase_s"]
+    assert "run.verdict" in wrong.phases.seconds and "run.timing" not in wrong.phases.seconds
 
 
 def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
@@ -278,7 +278,7 @@ def test_outputs_the_parent_has_no_memory_for_fail_with_a_clear_error(tmp_path, 
     config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=120,
                         cache_dir=build_cache)
     [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
-    assert r.outcome is Outcome.HARNESS_ERROR and r.extra.get("reference_over_limits")
+    assert r.outcome is Outcome.HARNESS_ERROR and r.task_flags.over_limits
     assert "outputs too large" in r.error and "GiB of memory available" in r.error
 
 
@@ -351,7 +351,7 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
              for name, code in (("flaky", flaky), ("broken", broken))]
     by_id = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)}
     assert by_id["flaky"].outcome is Outcome.CORRECT, by_id["flaky"].error
-    assert "transient failure" in by_id["flaky"].extra["reference_retried_after"]
+    assert "transient failure" in by_id["flaky"].reference.retried_after
     assert by_id["broken"].outcome is Outcome.HARNESS_ERROR and "task error" in by_id["broken"].error
 
 
@@ -385,8 +385,8 @@ def test_a_task_whose_outputs_do_not_fit_beside_another_waits_its_turn(tmp_path,
                         run_workers=2, output_memory_gb=1 / 1024, cache_dir=build_cache)
     results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 4, [r.error for r in results]
-    waited = {r.task_id for r in results if r.extra.get("reference_waited_for_memory_s")}
-    assert len(waited) == 1, [r.extra for r in results]
+    waited = {r.task_id for r in results if r.reference and r.reference.waited_for_memory_s}
+    assert len(waited) == 1, [r.reference for r in results]
 
 
 @pytest.mark.slow
@@ -418,7 +418,7 @@ def test_a_stateful_task_is_not_called_a_timing_cheat(tmp_path, build_cache):
                      candidate_from_text(solution, id="counts_calls"))], config, out_dir=tmp_path / "out",
                    progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
-    assert r.extra["task_stateful"] is True and r.speedup
+    assert r.task_flags.stateful is True and r.speedup
 
 
 def test_get_inputs_runs_with_the_device_as_default_and_falls_back_to_the_cpu():
@@ -480,7 +480,7 @@ def test_a_tasks_reference_runs_while_its_candidates_are_being_built(tmp_path, b
     results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]
     assert len(clock["reference"]) == 1 and clock["reference"][0] < min(clock["built"])
-    charged = [r.extra["phase_s"]["reference"] for r in results]
+    charged = [r.phases.seconds["reference"] for r in results]
     assert sorted(c > 0 for c in charged) == [False, True], charged
 
 
@@ -517,3 +517,34 @@ def test_a_candidate_runs_once_its_own_build_is_done_not_after_those_submitted_b
                        on_result=lambda r: done_at.setdefault(r.candidate_id, time.monotonic()))
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]
     assert done_at["fast"] < built_at["slow"] < done_at["slow"]
+
+
+def test_a_typed_result_survives_the_store_and_an_old_store_is_refused(tmp_path):
+    """Issue 30: the typed parts go to one JSON column and come back as the same dataclasses; a database an older
+    harness wrote (untyped `extra`) is refused with a message that says what to do."""
+    import sqlite3
+
+    from dice_kernels.harness.outcomes import (BaselineNote, BuildNotes, CompileBaseline, EvalResult, ExtensionUse,
+                                               Phases, ReferenceNotes, RobustCheck, RobustFinding, SpeedOfLight,
+                                               TaskFlags, Timing)
+    from dice_kernels.harness.store import ResultStore, StoreFormatError
+
+    full = EvalResult(
+        "L1/19", "c", "sha", Outcome.DECEPTIVE, deceptive_kind="pytorch_fallback", speedup=None, duplicate_of="b",
+        build=BuildNotes(True, [{"pch": True}]), reference=ReferenceNotes(BaselineNote(True, "2026-12-01", 0.02)),
+        task_flags=TaskFlags({"degenerate": True}, hardened_trials=1), extension=ExtensionUse(True, False),
+        robust=RobustCheck([RobustFinding("pytorch_fallback", "ops", {"aten::relu": 2})], True),
+        timing=Timing([1.1, 1.3], {"median_ms": 1.0}, {}, ["faster_than_light"], CompileBaseline(error="x"),
+                      SpeedOfLight(0.1, 0.2, 64, 0.0, "float32", True, False, 1.2)),
+        phases=Phases({"run": 1.5}, {"done": 3.0}), sandbox=["no landlock"])
+    store = ResultStore(tmp_path / "results.sqlite")
+    store.put(full)
+    store.put(EvalResult("L1/19", "bare", "sha", Outcome.COMPILE_ERROR))
+    (back, bare) = store.all()
+    store.close()
+    assert back == full and bare.robust is None and bare.timing is None and bare.timing_flags == []
+    old = tmp_path / "old.sqlite"
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE results (rowid INTEGER PRIMARY KEY, task_id, extra TEXT)")
+    with pytest.raises(StoreFormatError, match="older harness.*new --out"):
+        ResultStore(old)

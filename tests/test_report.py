@@ -3,13 +3,14 @@ and fast_p against torch.compile."""
 
 from __future__ import annotations
 
-from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.harness.outcomes import (BaselineNote, EvalResult, ExtensionUse, Outcome, Phases, ReferenceNotes,
+                                           RobustCheck, RobustFinding, Timing)
 from dice_kernels.report.eval_report import markdown, seconds_by_phase, summary
 
 
 def _result(cid: str, phase_s: dict | None) -> EvalResult:
     return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.CORRECT, correct=True,
-                      level=1, speedup=1.5, extra={} if phase_s is None else {"phase_s": phase_s})
+                      level=1, speedup=1.5, phases=Phases(seconds=phase_s or {}))
 
 
 def test_seconds_by_phase_sums_and_orders_and_skips_rows_without_phases():
@@ -22,7 +23,7 @@ def test_seconds_by_phase_sums_and_orders_and_skips_rows_without_phases():
 
 def test_timing_flags_are_counted_and_reported():
     flagged = [EvalResult(task_id="L1/19", candidate_id=c, candidate_sha256=c, outcome=Outcome.CORRECT, correct=True,
-                          level=1, speedup=None, extra={"timing_flags": flags})
+                          level=1, speedup=None, timing=Timing(flags=flags))
                for c, flags in (("a", ["faster_than_light"]), ("b", ["faster_than_light", "timed_while_device_shared"]))]
     s = summary(flagged + [_result("c", None)], {})
     assert s["timing_flags"] == {"faster_than_light": 2, "timed_while_device_shared": 1}
@@ -46,10 +47,11 @@ def test_compile_baseline_gives_speedups_and_fast_p_against_torch_compile(tmp_pa
                         compile_baseline=True)
     (r,) = evaluate(pairs, config, progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
-    assert "compile_baseline_error" not in r.extra
-    assert r.extra["speedup_vs_compile"] > 0 and r.extra["compile_ref_ms"] > 0
-    lo, hi = r.extra["speedup_vs_compile_ci95"]
-    assert lo <= r.extra["speedup_vs_compile"] <= hi
+    vs = r.timing.vs_compile
+    assert vs.error == ""
+    assert vs.speedup > 0 and vs.ref_ms > 0
+    lo, hi = vs.ci95
+    assert lo <= vs.speedup <= hi
     assert set(compute([r]).fast_vs_compile) == {"fast_0", "fast_1", "fast_1.5", "fast_2"}
     assert "## fast_p vs torch.compile" in markdown(summary([r], {}))
 
@@ -62,9 +64,9 @@ def test_no_fast_p_vs_compile_without_the_baseline():
 
 def test_fallback_ops_count_candidates_per_op_named_in_their_finding():
     def flagged(cid: str, kind: str, error: str, ops: dict | None = None) -> EvalResult:
-        findings = [{"kind": kind, "reason": error, **({"ops": ops} if ops else {})}]
+        findings = [RobustFinding(kind, error, ops or {})]
         return EvalResult(task_id="L2/9", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.DECEPTIVE,
-                          level=2, deceptive_kind=kind, error=error, extra={"robust": {"findings": findings}})
+                          level=2, deceptive_kind=kind, error=error, robust=RobustCheck(findings))
 
     ops = "forward dispatched PyTorch compute ops: "
     six = {f"aten::op{i}": 6 - i for i in range(6)}  # the message names five; the finding keeps all six
@@ -84,13 +86,13 @@ def test_fast_p_counts_a_speedup_only_when_its_interval_clears_p():
     point-estimate fast_p is reported beside it; the report says when a reference baseline was reused."""
     from dice_kernels.harness.metrics import compute
 
-    def timed(cid: str, speedup: float, ci: list, baseline: dict) -> EvalResult:
+    def timed(cid: str, speedup: float, ci: list, baseline: BaselineNote) -> EvalResult:
         return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.CORRECT,
-                          correct=True, level=1, speedup=speedup,
-                          extra={"speedup_ci95": ci, "reference_baseline": baseline})
+                          correct=True, level=1, speedup=speedup, timing=Timing(speedup_ci95=ci),
+                          reference=ReferenceNotes(baseline=baseline))
 
-    fresh = {"cached": False, "measured_at": None, "rel_ci": 0.02}
-    reused = {"cached": True, "measured_at": "2026-12-01T10:00:00+00:00", "rel_ci": 0.08}
+    fresh = BaselineNote(cached=False, measured_at=None, rel_ci=0.02)
+    reused = BaselineNote(cached=True, measured_at="2026-12-01T10:00:00+00:00", rel_ci=0.08)
     untimed = EvalResult(task_id="L1/19", candidate_id="u", candidate_sha256="u", outcome=Outcome.CORRECT,
                          correct=True, level=1)
     results = [timed("noisy", 1.6, [0.9, 2.4], fresh), timed("clear", 1.6, [1.2, 2.0], reused), untimed]
@@ -99,7 +101,7 @@ def test_fast_p_counts_a_speedup_only_when_its_interval_clears_p():
     assert m.fast["fast_1.5"] == 0 and m.fast_point["fast_1.5"] == 2 / 3
     assert m.fast["fast_0"] == 2 / 3  # the low ends lie above 0; an untimed result never counts
     s = summary(results, {"backend": "cpu"})
-    assert s["reference_baselines"] == {"timed": 2, "reused": 1, "reused_measured": [reused["measured_at"]] * 2,
+    assert s["reference_baselines"] == {"timed": 2, "reused": 1, "reused_measured": [reused.measured_at] * 2,
                                         "rel_ci_median": 0.08, "rel_ci_max": 0.08}
     report = markdown(s)
     assert "1 of 2 timed results used a reference baseline reused from the cache" in report
@@ -107,13 +109,13 @@ def test_fast_p_counts_a_speedup_only_when_its_interval_clears_p():
 
 
 def test_the_report_says_whether_deceptive_candidates_built_and_called_an_extension():
-    def deceptive(cid: str, ext: dict | None) -> EvalResult:
+    def deceptive(cid: str, ext: ExtensionUse | None) -> EvalResult:
         return EvalResult(task_id="L1/19", candidate_id=cid, candidate_sha256=cid, outcome=Outcome.DECEPTIVE,
-                          level=1, deceptive_kind="pytorch_fallback", extra={} if ext is None else {"extension": ext})
+                          level=1, deceptive_kind="pytorch_fallback", extension=ext)
 
-    results = [deceptive("never_built", {"loaded": False, "called": False}),
-               deceptive("unused", {"loaded": True, "called": False}),
-               deceptive("partial", {"loaded": True, "called": True}), deceptive("old_record", None),
+    results = [deceptive("never_built", ExtensionUse(loaded=False, called=False)),
+               deceptive("unused", ExtensionUse(loaded=True, called=False)),
+               deceptive("partial", ExtensionUse(loaded=True, called=True)), deceptive("old_record", None),
                _result("honest", None)]
     s = summary(results, {})
     assert s["deceptive_extensions"] == {"none_loaded": 1, "loaded_not_called": 1, "called": 1, "unknown": 1}

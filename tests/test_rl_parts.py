@@ -59,12 +59,13 @@ def test_rewards_binary_and_speed_aware():
     import math
 
     from dice_kernels.harness import EvalResult, Outcome
+    from dice_kernels.harness.outcomes import Timing
     from dice_kernels.train.reward import RewardConfig, reward_of
 
     def result(outcome, ci=None, flags=None, kind=""):
-        extra = {**({"speedup_ci95": ci} if ci else {}), **({"timing_flags": flags} if flags else {})}
+        timing = Timing(speedup_ci95=ci, flags=flags or []) if ci or flags else None
         return EvalResult(task_id="t", candidate_id="c", candidate_sha256="x", outcome=outcome,
-                          correct=outcome is Outcome.CORRECT, deceptive_kind=kind, extra=extra)
+                          correct=outcome is Outcome.CORRECT, deceptive_kind=kind, timing=timing)
 
     binary, speed = RewardConfig(), RewardConfig(speed_bonus=0.25, speed_bonus_max=0.5)
     assert not binary.eval_config().timing and speed.eval_config().timing  # timing only when speed counts

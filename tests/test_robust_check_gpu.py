@@ -104,11 +104,11 @@ def results(build_cache, tmp_path_factory):
 @pytest.mark.parametrize("name", list(CHEATS))
 def test_cuda_cheat_is_deceptive_with_its_sub_kind(results, name):
     r = results[name]
-    findings = r.extra.get("robust", {}).get("findings", [])
+    findings = r.robust.findings if r.robust else []
     assert (r.outcome, r.deceptive_kind) == (Outcome.DECEPTIVE, CHEATS[name][1].value), f"{r.error} {findings}"
 
 
 def test_honest_cuda_kernel_stays_correct(results):
     r = results["honest"]
     assert r.outcome is Outcome.CORRECT, f"{r.outcome} {r.deceptive_kind} {r.error}"
-    assert r.extra["robust"]["findings"] == []
+    assert r.robust.findings == []

@@ -1,7 +1,7 @@
 """Degenerate tasks: where a trivial output would pass the comparison, so `correct` proves little.
 
 Decided per task from the reference's own outputs (and, for the input copy, the reference worker's check), never
-from a list of task names. The flags are recorded on every result of the task (`extra["task_degenerate"]`) and
+from a list of task names. The flags are recorded on every result of the task (`EvalResult.task_flags.degenerate`) and
 counted in the metrics. A candidate is not failed for its task being degenerate, but on such a task it must also
 match the reference on hardened inputs where no trivial answer passes (`breaking_trials`).
 """

@@ -37,7 +37,7 @@ def is_exec(r: EvalResult) -> bool:
 
 def passed_comparison(r: EvalResult) -> bool:
     """Correct before the robust check: outputs matched the reference (the candidate may still be deceptive)."""
-    return r.outcome is Outcome.CORRECT or bool(r.extra.get("robust", {}).get("passed_comparison"))
+    return r.outcome is Outcome.CORRECT or bool(r.robust and r.robust.passed_comparison)
 
 
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
@@ -48,10 +48,10 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
     speedups = sorted(r.speedup for r in good if r.speedup is not None)
     median = speedups[len(speedups) // 2] if speedups else None
     kinds = Counter(r.deceptive_kind for r in results if r.outcome is Outcome.DECEPTIVE)
-    degenerate = {r.task_id for r in results if r.extra.get("task_degenerate", {}).get("degenerate")}
+    degenerate = {r.task_id for r in results if r.task_flags.degenerate.get("degenerate")}
     vs_compile = {}
-    if any("speedup_vs_compile" in r.extra for r in results):
-        vs_compile = _fast(good, n, ps, lambda r: (r.extra.get("speedup_vs_compile_ci95") or [None])[0])
+    if any(r.timing and r.timing.vs_compile and r.timing.vs_compile.speedup is not None for r in results):
+        vs_compile = _fast(good, n, ps, _vs_compile_low)
     return Metrics(n=n, exec_rate=len(good) / n if n else 0.0, fast=fast,
                    outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
                    exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
@@ -61,8 +61,14 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
 
 def _speedup_low(r: EvalResult) -> float | None:
     """The low end of a result's 95 % speedup interval (None when it was not timed or has no interval)."""
-    ci = r.extra.get("speedup_ci95")
+    ci = r.timing.speedup_ci95 if r.timing else None
     return ci[0] if r.speedup is not None and ci else None
+
+
+def _vs_compile_low(r: EvalResult) -> float | None:
+    """The low end of a result's 95 % interval of the speedup over torch.compile (None without one)."""
+    vs = r.timing.vs_compile if r.timing else None
+    return vs.ci95[0] if vs and vs.ci95 else None
 
 
 def _fast(good: list[EvalResult], n: int, ps: tuple[float, ...], speedup_of) -> dict[str, float]:

@@ -58,8 +58,137 @@ class DeceptiveKind(str, Enum):
 
 
 @dataclass
+class BuildNotes:
+    cache_hit: bool = False  # the program's extensions came from the build cache
+    shortcuts: list = field(default_factory=list)  # build_speed savings per extension (build_worker.BuildLog)
+
+
+@dataclass
+class BaselineNote:
+    """The reference timing a speedup is about: reused from the baseline cache (from when) or measured now, and its
+    noise (its 95 % interval's half-width relative to its median)."""
+
+    cached: bool = False
+    measured_at: str | None = None
+    rel_ci: float | None = None
+
+
+@dataclass
+class ReferenceNotes:
+    baseline: BaselineNote | None = None  # for a candidate that ran against a reference
+    retried_after: str = ""  # the reference's first failure when it ran twice
+    waited_for_memory_s: float = 0.0  # its task waited for other tasks' outputs to be released
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReferenceNotes":
+        base = d.get("baseline")
+        return cls(**{**d, "baseline": BaselineNote(**base) if base is not None else None})
+
+
+@dataclass
+class TaskFlags:
+    degenerate: dict[str, bool] = field(default_factory=dict)  # degenerate.degenerate_flags
+    hardened_trials: int = 0  # hardened trials that decided too (degenerate.breaking_trials)
+    stateful: bool = False  # the reference answers a repeated call differently: the timing re-check is skipped
+    error: bool = False  # the task's reference failed (every candidate of it is a harness error)
+    over_limits: bool = False  # the reference, or its inputs, exceeded the harness limits
+
+
+@dataclass
+class RobustFinding:
+    kind: str  # a DeceptiveKind value
+    reason: str
+    ops: dict[str, int] = field(default_factory=dict)  # ATen ops behind it and their counts
+
+
+@dataclass
+class RobustCheck:
+    """The robust check's findings (all of them, the deciding one first) and whether the outputs matched."""
+
+    findings: list[RobustFinding] = field(default_factory=list)
+    passed_comparison: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RobustCheck":
+        return cls([RobustFinding(**f) for f in d.get("findings", [])], bool(d.get("passed_comparison")))
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f.kind for f in self.findings]
+
+
+@dataclass
+class ExtensionUse:
+    """Whether forward's module loaded a compiled extension and called it (robust check on)."""
+
+    loaded: bool = False
+    called: bool = False
+
+
+@dataclass
+class CompileBaseline:
+    """The speedup over torch.compile(Model) with its 95 % interval, or why there is none (`error`)."""
+
+    speedup: float | None = None
+    ci95: list[float] | None = None
+    ref_ms: float | None = None
+    compile_s: float | None = None
+    error: str = ""
+
+
+@dataclass
+class SpeedOfLight:
+    """The task's bound (minimum bytes at the measured bandwidth) and the reference's FLOPs at the measured peak,
+    against the candidate's reported time (score.speed_of_light_fields)."""
+
+    sol_ms: float
+    reference_flops_ms: float
+    bytes: int
+    flops: float
+    dtype: str
+    faster_than_light: bool = False
+    fewer_flops_than_reference: bool = False
+    quarantined_speedup: float | None = None  # the speedup withheld from a faster-than-light result
+
+
+@dataclass
+class Timing:
+    """A correct, timed candidate: its speedup's 95 % interval (None when quarantined), both sides' timing
+    summaries (score.timing_summary), the timing flags, and the optional baselines and bound."""
+
+    speedup_ci95: list[float] | None = None
+    ref: dict = field(default_factory=dict)
+    cand: dict = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    vs_compile: CompileBaseline | None = None
+    speed_of_light: SpeedOfLight | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Timing":
+        vs, sol = d.get("vs_compile"), d.get("speed_of_light")
+        return cls(**{**d, "vs_compile": CompileBaseline(**vs) if vs is not None else None,
+                      "speed_of_light": SpeedOfLight(**sol) if sol is not None else None})
+
+
+@dataclass
+class Phases:
+    """Where the evaluation's time went: seconds per phase (a dotted name such as run.trials is part of the name
+    before the dot), when its build ran and when it was done on the batch's clock, and where a failed run stopped."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    timeline: dict = field(default_factory=dict)
+    failed_in: str = ""
+
+
+# the typed parts of a result, stored together as one JSON column (`details`), and how each is read back
+_PARTS = {"build": BuildNotes, "reference": ReferenceNotes, "task_flags": TaskFlags, "extension": ExtensionUse,
+          "robust": RobustCheck, "timing": Timing, "phases": Phases}
+
+
+@dataclass
 class EvalResult:
-    """Everything the harness records about one (task, candidate) evaluation. Flat, so it maps to SQL and JSON."""
+    """Everything the harness records about one (task, candidate) evaluation: flat fields (SQL columns) and
+    optional typed parts (one JSON column)."""
 
     task_id: str
     candidate_id: str
@@ -83,15 +212,39 @@ class EvalResult:
     torch_version: str = ""
     harness_version: str = ""
     wall_s: float | None = None
-    extra: dict = field(default_factory=dict)
+    duplicate_of: str = ""  # the candidate id whose evaluation this identical program's result copies
+    build: BuildNotes | None = None
+    reference: ReferenceNotes | None = None
+    task_flags: TaskFlags = field(default_factory=TaskFlags)
+    extension: ExtensionUse | None = None
+    robust: RobustCheck | None = None  # None with the robust check off
+    timing: Timing | None = None
+    phases: Phases = field(default_factory=Phases)
+    sandbox: list[str] = field(default_factory=list)  # what the sandbox could not enforce on this machine
+
+    @property
+    def timing_flags(self) -> list[str]:
+        """The timing flags (empty when not timed)."""
+        return self.timing.flags if self.timing else []
 
     def to_row(self) -> dict:
-        row = asdict(self)
+        """Flat fields, then the typed parts under `details` (plain JSON)."""
+        row = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in _PARTS and f != "sandbox"}
         row["outcome"] = self.outcome.value
+        row["details"] = {name: asdict(getattr(self, name)) for name in _PARTS if getattr(self, name) is not None}
+        row["details"]["sandbox"] = self.sandbox
         return row
 
     @classmethod
     def from_row(cls, row: dict) -> "EvalResult":
-        known = {k: row[k] for k in cls.__dataclass_fields__ if k in row}
+        if "extra" in row and "details" not in row:
+            raise ValueError("a result an older harness wrote (untyped `extra`): evaluate it again with this one")
+        known = {k: row[k] for k in cls.__dataclass_fields__ if k in row and k not in _PARTS and k != "sandbox"}
         known["outcome"] = Outcome(known["outcome"])
+        details = row.get("details") or {}
+        for name, part in _PARTS.items():
+            if details.get(name) is not None:
+                d = details[name]
+                known[name] = part.from_dict(d) if hasattr(part, "from_dict") else part(**d)
+        known["sandbox"] = list(details.get("sandbox", []))
         return cls(**known)

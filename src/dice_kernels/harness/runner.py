@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,7 +24,7 @@ from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import TrialJudge
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.host_memory import OutputLedger
-from dice_kernels.harness.outcomes import EvalResult, Outcome
+from dice_kernels.harness.outcomes import EvalResult, Outcome, Phases
 from dice_kernels.harness.platform import Platform, device_lock_key  # noqa: F401 - part of this module's API
 from dice_kernels.harness.progress import QUEUED, Progress
 from dice_kernels.harness.protocol import CandidatePart, RunJob
@@ -160,12 +161,11 @@ class Evaluator:
                 ref, computed = refs.get(task) if b.ok else (None, False)
                 bar.phase(cand.id, "run")
                 r = self._score(task, cand, b, ref, base)
-                r.extra["phase_s"] = {"build": round(b.wall_s, 3),
-                                      "reference": round(ref.wall_s, 3) if ref and computed else 0.0,
-                                      **r.extra.get("phase_s", {})}
+                r.phases.seconds = {"build": round(b.wall_s, 3),
+                                    "reference": round(ref.wall_s, 3) if ref and computed else 0.0, **r.phases.seconds}
                 # where the pipeline's time goes: when its build ran and when it was done, on the batch's clock
-                r.extra["timeline_s"] = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
-                                         "done": round(time.monotonic() - self.began, 2)}
+                r.phases.timeline = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
+                                     "done": round(time.monotonic() - self.began, 2)}
             except Deferred:  # nothing was recorded or released: the pair comes back once another task is done
                 bar.phase(cand.id, "waiting for memory")
                 refs.wait_for_room()
@@ -177,11 +177,9 @@ class Evaluator:
             record(i, r)
             for j in duplicates.get(i, []):
                 dup = pairs[j][1]
-                record(j, EvalResult(**{**r.__dict__, "candidate_id": dup.id, "candidate_sha256": dup.sha256,
-                                        "solution_path": dup.path,
-                                        # the work was done once, for the row above: its seconds are not counted twice
-                                        "extra": {**r.extra, "duplicate_of": cand.id, "phase_s": {},
-                                                  "timeline_s": {}}}))
+                # the work was done once, for the row above: its seconds are not counted twice
+                record(j, replace(r, candidate_id=dup.id, candidate_sha256=dup.sha256, solution_path=dup.path,
+                                  duplicate_of=cand.id, phases=Phases(failed_in=r.phases.failed_in)))
             return None
 
         try:
@@ -230,9 +228,9 @@ class Evaluator:
         r = score.scored(self.config, task, cand, b, ref, res, outputs, judge.comparison(), judge.failing,
                          judge.trivial, self.references.ceilings.known, self.config.resolved_speed_of_light(self.platform.backend),
                          base)
-        r.extra["phase_s"] = {"run": round(ran - start, 3),
-                              **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()},
-                              **({"compare": round(time.monotonic() - ran, 3)} if outputs is not None else {})}
+        r.phases.seconds = {"run": round(ran - start, 3),
+                            **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()},
+                            **({"compare": round(time.monotonic() - ran, 3)} if outputs is not None else {})}
         return r
 
     def __enter__(self) -> "Evaluator":

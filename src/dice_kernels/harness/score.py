@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Callable
 
 from dice_kernels.harness.compare import Comparison, TrivialAnswer, explain_mismatch, outputs_match
 from dice_kernels.harness.config import EvalConfig
-from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
+from dice_kernels.harness.outcomes import (BaselineNote, BuildNotes, CompileBaseline, DeceptiveKind, EvalResult,
+                                           ExtensionUse, Outcome, Phases, ReferenceNotes, RobustCheck, RobustFinding,
+                                           SpeedOfLight, TaskFlags, Timing)
 from dice_kernels.harness.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
 from dice_kernels.harness.timing_stats import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
                                                stream_escape)
@@ -28,39 +30,37 @@ def result(task: Task, cand: Candidate, outcome: Outcome, **kw) -> EvalResult:
 
 def unrunnable(task: Task, cand: Candidate, b: Build, ref: Reference | None, base: dict) -> EvalResult | None:
     """The result of a candidate that cannot run: its build failed, or its task's reference did; None otherwise."""
-    extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts}
+    build = BuildNotes(b.cache_hit, b.shortcuts)
     if not b.ok:
         return result(task, cand, Outcome(b.kind or Outcome.HARNESS_ERROR.value), error=b.error,
-                      compile_s=b.compile_s, extra=extra, **base)
-    extra.update(_reference_notes(ref))
+                      compile_s=b.compile_s, build=build, **base)
     if ref is None or ref.outputs is None:
         why = ref.error if ref else "not run"
+        notes = _reference_notes(ref)
         if why.startswith((Outcome.TIMEOUT.value, Outcome.CUDA_MEMORY_ERROR.value, Outcome.MEMORY_ERROR.value)):
             # our limits, not a bad task
             return result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
-                          error=f"the reference Model exceeded the harness limits ({why})",
-                          extra={**extra, "reference_over_limits": True}, **base)
+                          error=f"the reference Model exceeded the harness limits ({why})", build=build,
+                          reference=notes, task_flags=TaskFlags(over_limits=True), **base)
         return result(task, cand, Outcome.HARNESS_ERROR, compile_s=b.compile_s,
-                      error=f"task error: the reference Model failed ({why})", extra={**extra, "task_error": True},
-                      **base)
+                      error=f"task error: the reference Model failed ({why})", build=build, reference=notes,
+                      task_flags=TaskFlags(error=True), **base)
     return None
 
 
-def _baseline_note(ref: Reference) -> dict:
+def _baseline_note(ref: Reference) -> BaselineNote:
     """Whether the reference's timing was reused from the baseline cache, from when, and how noisy it was (its 95 %
     interval's half-width relative to its median)."""
     ci, median = ref.timing.get("ci_ms"), ref.timing.get("median_ms")
     noise = round((ci[1] - ci[0]) / 2 / median, 4) if ci and median else None
-    return {"cached": bool(ref.baseline_from), "measured_at": ref.baseline_from or None, "rel_ci": noise}
+    return BaselineNote(bool(ref.baseline_from), ref.baseline_from or None, noise)
 
 
-def _reference_notes(ref: Reference | None) -> dict:
-    notes = {}
-    if ref is not None and ref.retried:
-        notes["reference_retried_after"] = ref.retried[:500]
-    if ref is not None and ref.waited_for_memory_s:
-        notes["reference_waited_for_memory_s"] = round(ref.waited_for_memory_s, 3)
-    return notes
+def _reference_notes(ref: Reference | None) -> ReferenceNotes | None:
+    if ref is None:
+        return None
+    return ReferenceNotes(baseline=_baseline_note(ref) if ref.outputs is not None else None,
+                          retried_after=ref.retried[:500], waited_for_memory_s=round(ref.waited_for_memory_s, 3))
 
 
 def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Reference, res: dict, outputs: list | None,
@@ -69,90 +69,80 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
     """A candidate that ran: `res` is its worker's report, `outputs` the re-checked call's outputs (None when the
     run failed), `cmp` the comparison of its trials, `failing` the first failing trial's outputs and `trivial`
     whether they were all zeros / one constant (compare.TrialJudge)."""
-    extra = {"build_cache_hit": b.cache_hit, "build_shortcuts": b.shortcuts, **_reference_notes(ref),
-             "sandbox": res.get("sandbox", []), "task_degenerate": ref.degenerate,
-             "reference_baseline": _baseline_note(ref)}
+    parts = dict(build=BuildNotes(b.cache_hit, b.shortcuts), reference=_reference_notes(ref),
+                 sandbox=list(res.get("sandbox", [])),
+                 task_flags=TaskFlags(degenerate=ref.degenerate, hardened_trials=len(ref.hardened),
+                                      stateful=ref.stateful))
     if "extensions" in res:  # with the robust check on: did forward's module load and call a compiled extension?
-        extra["extension"] = {"loaded": res["extensions"]["loaded"] > 0, "called": res["extensions"]["calls"] > 0}
-    if ref.hardened:
-        extra["hardened_trials"] = len(ref.hardened)  # degenerate task: these decided too (breaking_trials)
-    if ref.stateful:
-        extra["task_stateful"] = True  # so the timing loop's last call was not re-checked (robust_check)
+        parts["extension"] = ExtensionUse(res["extensions"]["loaded"] > 0, res["extensions"]["calls"] > 0)
     compile_s = b.compile_s + float(res.get("compile_s") or 0.0)
     if outputs is None:
         outcome = Outcome(res.get("kind") or Outcome.HARNESS_ERROR.value)
         return result(task, cand, outcome, error=res.get("error", ""), compile_s=compile_s,
                       deceptive_kind=res.get("deceptive_kind", ""), correctness_trials=cfg.trials,
-                      extra={**extra, "phase": res.get("phase", "")}, **base)
+                      phases=Phases(failed_in=res.get("phase", "")), **parts, **base)
     timing_outputs = outputs[0] if outputs else None  # the trials went to the judge
     outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
     if cfg.robust:
         findings, deceptive = robust_check(cfg, ref, cmp, failing, timing_outputs, res.get("findings", []), trivial)
-        extra["robust"] = {"findings": findings, "passed_comparison": cmp.outcome is Outcome.CORRECT}
+        parts["robust"] = RobustCheck([RobustFinding(**f) for f in findings], cmp.outcome is Outcome.CORRECT)
         if deceptive:
             outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
     timed = bool(outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms)
     speedup = None
     if timed:
-        speedup = _timed(extra, ref, res, ceilings.get(ref.sol.get("dtype", "")) if speed_of_light else None,
-                         cfg.sol_slack)
+        parts["timing"], speedup = _timed(ref, res, ceilings.get(ref.sol.get("dtype", "")) if speed_of_light
+                                          else None, cfg.sol_slack)
     return result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                   ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
                   correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,
                   timing_trials=len(res.get("times_ms") or ()) if timed else 0, max_abs_diff=cmp.max_abs_diff,
-                  extra=extra, **base)
+                  **parts, **base)
 
 
-def _timed(extra: dict, ref: Reference, res: dict, ceilings: Ceilings | None, sol_slack: float) -> float | None:
-    """The speedup of a correct, timed candidate (None when quarantined), its interval and flags into `extra`."""
+def _timed(ref: Reference, res: dict, ceilings: Ceilings | None, sol_slack: float) -> tuple[Timing, float | None]:
+    """A correct, timed candidate's timing record and its speedup (None when quarantined)."""
     ref_t, cand_t = TimingSamples.from_dict(ref.timing), TimingSamples.from_dict(timing_fields(res))
     speedup, lo, hi = speedup_interval(ref_t, cand_t)
-    extra["speedup_ci95"] = [lo, hi]
-    extra["timing"] = {"ref": timing_summary(ref_t, reference_time_ms), "cand": timing_summary(cand_t)}
-    flags = []
+    timing = Timing(speedup_ci95=[lo, hi], ref=timing_summary(ref_t, reference_time_ms), cand=timing_summary(cand_t),
+                    vs_compile=compile_baseline_fields(ref.compile_baseline, cand_t))
+    flags = timing.flags
     if stream_escape(cand_t):  # charged its tail already; flagged so nobody trusts its events
         flags.append("work_escaped_default_stream")
-    if cand_t.repeated_calls:  # its refreshes ran out of budget: a cache keyed on content could have hit
+    if cand_t.repeated_calls:  # refreshing would have taken over half the loop: a content-keyed cache could hit
         flags.append("timing_inputs_repeated")
     if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
         flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)
-    extra.update(compile_baseline_fields(ref.compile_baseline, cand_t))
-    bound = speed_of_light_fields(ref.sol, ceilings, cand_t, sol_slack) if ceilings is not None else {}
-    if bound.get("fewer_flops_than_reference"):  # a shortcut or a skipped computation: for a reader to judge
+    bound = speed_of_light_fields(ref.sol, ceilings, cand_t, sol_slack) if ceilings is not None else None
+    if bound and bound.fewer_flops_than_reference:  # a shortcut or a skipped computation: for a reader to judge
         flags.append("fewer_flops_than_reference")
-    if bound.get("faster_than_light"):  # quarantined: right outputs, but a time the hardware cannot deliver
+    if bound and bound.faster_than_light:  # quarantined: right outputs, but a time the hardware cannot deliver
         flags.append("faster_than_light")
-        bound["quarantined_speedup"], speedup = speedup, None
-        for key in ("speedup_ci95", "speedup_vs_compile", "speedup_vs_compile_ci95"):
-            extra.pop(key, None)
-    if bound:
-        extra["speed_of_light"] = bound
-    if flags:
-        extra["timing_flags"] = flags
-    return speedup
+        bound.quarantined_speedup, speedup = speedup, None
+        timing.speedup_ci95, timing.vs_compile = None, None
+    timing.speed_of_light = bound
+    return timing, speedup
 
 
-def compile_baseline_fields(baseline: dict, cand: TimingSamples) -> dict:
-    """Speedup over torch.compile(Model) with its 95% interval, or why there is none (nothing without the option)."""
+def compile_baseline_fields(baseline: dict, cand: TimingSamples) -> CompileBaseline | None:
+    """Speedup over torch.compile(Model) with its 95% interval, or why there is none (None without the option)."""
     if baseline.get("error"):
-        return {"compile_baseline_error": baseline["error"]}
+        return CompileBaseline(error=baseline["error"])
     if not baseline.get("time_ms"):
-        return {}
+        return None
     speedup, lo, hi = speedup_interval(TimingSamples.from_dict(timing_fields(baseline)), cand)
-    return {"speedup_vs_compile": speedup, "speedup_vs_compile_ci95": [lo, hi],
-            "compile_ref_ms": baseline["time_ms"], "compile_ref_compile_s": baseline.get("compile_s")}
+    return CompileBaseline(speedup, [lo, hi], baseline["time_ms"], baseline.get("compile_s"))
 
 
-def speed_of_light_fields(sol: dict, c: Ceilings, cand: TimingSamples, slack: float) -> dict:
+def speed_of_light_fields(sol: dict, c: Ceilings, cand: TimingSamples, slack: float) -> SpeedOfLight:
     """The task's speed-of-light bound (minimum bytes at the measured bandwidth) against the candidate's reported
     time, and the reference's FLOPs at the measured peak, when the reference reported them and this machine's
     ceilings for its dtype are known. Only the bound quarantines (speed_of_light.speed_of_light_ms)."""
     time_ms = effective_time_ms(cand)
     sol_ms = speed_of_light_ms(sol["bytes"], c.bandwidth_bytes_s)
     flops_ms = reference_flops_ms(sol["flops"], c.peak_flops)
-    return {"sol_ms": sol_ms, "reference_flops_ms": flops_ms, "bytes": sol["bytes"], "flops": sol["flops"],
-            "dtype": sol["dtype"], "faster_than_light": faster_than_light(time_ms, sol_ms, slack),
-            "fewer_flops_than_reference": faster_than_light(time_ms, flops_ms, slack)}
+    return SpeedOfLight(sol_ms, flops_ms, sol["bytes"], sol["flops"], sol["dtype"],
+                        faster_than_light(time_ms, sol_ms, slack), faster_than_light(time_ms, flops_ms, slack))
 
 
 def timing_fields(res: dict) -> dict:

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from dataclasses import fields
 from pathlib import Path
 
 from dice_kernels.harness.outcomes import EvalResult, Outcome
 
-_COLUMNS = [f.name for f in fields(EvalResult)]
+_COLUMNS = list(EvalResult("", "", "", Outcome.CORRECT).to_row())  # flat fields, then `details` (JSON)
+
+
+class StoreFormatError(sqlite3.DatabaseError):
+    """A results database an older harness wrote (its results keep an untyped `extra` column): not readable as
+    results, like a damaged file (the CLI says so in one line)."""
 
 
 class ResultStore:
@@ -23,11 +27,12 @@ class ResultStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        _create_tables(self._db)  # a database an older version wrote
+        _check_format(self._db, self.path)
+        _create_tables(self._db)
 
     def put(self, result: EvalResult) -> None:
         row = result.to_row()
-        row["extra"] = json.dumps(row["extra"])
+        row["details"] = json.dumps(row["details"])
         placeholders = ", ".join("?" for _ in _COLUMNS)
         self._db.execute(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
                          [row[c] for c in _COLUMNS])
@@ -63,7 +68,7 @@ class ResultStore:
         out = []
         for values in cur.fetchall():
             row = dict(zip(_COLUMNS, values))
-            row["extra"] = json.loads(row["extra"] or "{}")
+            row["details"] = json.loads(row["details"] or "{}")
             row["correct"] = bool(row["correct"])
             out.append(EvalResult.from_row(row))
         return out
@@ -85,8 +90,16 @@ class ResultStore:
         self._db.close()
 
 
+def _check_format(db: sqlite3.Connection, path: Path) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
+    if "extra" in columns and "details" not in columns:
+        db.close()
+        raise StoreFormatError(f"{path} was written by an older harness (untyped `extra` results): evaluate into a "
+                               "new --out folder, or delete that file to start over")
+
+
 def _create_tables(db: sqlite3.Connection) -> None:
-    cols = ", ".join(f"{c} TEXT" if c in ("extra",) else c for c in _COLUMNS)
+    cols = ", ".join(f"{c} TEXT" if c == "details" else c for c in _COLUMNS)
     db.execute(f"CREATE TABLE IF NOT EXISTS results (rowid INTEGER PRIMARY KEY, {cols}, "
                "UNIQUE(task_id, candidate_id, candidate_sha256))")
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")

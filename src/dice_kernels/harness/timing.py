@@ -98,16 +98,18 @@ class Rotation:
     """The input sets a timing loop cycles through. With `refresh` (new content written into a set, same tensors),
     each set is refreshed right after every call that used it, outside the clocks, so no call ever sees content an
     earlier call saw: a cache keyed on content (however much of it the key reads) never hits, and the call the
-    worker re-checks after the loop is no different from a timed one. Refreshes stop once they have cost
-    `budget_s` (a get_inputs() that is slow on the host); the timed calls that then see repeated content are
-    counted (`repeated`), as are all repeats without a refresh."""
+    worker re-checks after the loop is no different from a timed one. Refreshes count in the loop's time
+    limits: one is skipped while refreshes have taken more than `share` of the time since the rotation began (a
+    get_inputs() slow on the host must not starve the timing of samples); the timed calls that then see repeated
+    content are counted (`repeated`), as are all repeats without a refresh."""
 
     def __init__(self, sets: Sequence[Sequence[Any]], refresh: Callable[[Sequence[Any]], None] | None = None,
-                 budget_s: float = math.inf):
+                 share: float = 1.0):
         if not sets:
             raise ValueError("time_calls needs at least one input set")
-        self.sets, self.refresh, self.budget_s = sets, refresh, budget_s
-        self.spent_s = 0.0  # seconds spent refreshing (not counted in the loop's time limits)
+        self.sets, self.refresh, self.share = sets, refresh, share
+        self.spent_s = 0.0  # seconds spent refreshing
+        self._began = _now_s()
         self.repeated = 0
         self._seen: set[int] = set()  # sets whose content some call has seen since their last refresh
         self._calls = 0
@@ -123,8 +125,8 @@ class Rotation:
         return self.sets[k]
 
     def renew(self) -> None:
-        """New content for the set just used, while the refresh budget lasts."""
-        if self.refresh is None or self.spent_s >= self.budget_s:
+        """New content for the set just used, unless refreshes have taken more than their share of the time."""
+        if self.refresh is None or self.spent_s >= self.share * (_now_s() - self._began):
             return
         t0 = _now_s()
         self.refresh(self.sets[self._last])
@@ -319,7 +321,7 @@ def time_calls(call: Callable[..., Any], input_sets: Sequence[Sequence[Any]] | R
 
 def _time_loop(call: Callable[..., Any], rotation: Rotation, plan: TimingPlan, device: str | torch.device,
                flush: Callable[[], None]) -> TimingSamples:
-    """One timing loop of `time_calls`. Its time limits count the calls, not the refreshes between them."""
+    """One timing loop of `time_calls`."""
     dev = torch.device(device)
     n_sets = len(rotation.sets)
     issue_ms = _warm_up(call, rotation, plan, dev, flush)
@@ -337,11 +339,10 @@ def _time_loop(call: Callable[..., Any], rotation: Rotation, plan: TimingPlan, d
     tails: list[float] = []
     leads: list[float] = []
     stop_reason, next_check = "max_iters", max(plan.min_iters, 8)  # fewer than 8 samples bound nothing
-    start_ns, refreshed_s, repeated = _now_ns(), rotation.spent_s, rotation.repeated
+    start_ns, repeated = _now_ns(), rotation.repeated
     deadline = _now_s() + plan.max_time_s
     while len(times) < plan.max_iters:
-        late = rotation.spent_s - refreshed_s
-        t, h, tail, lead_gpu_ms = _step(call, rotation.take(), dev, flush, deadline + late, lead)
+        t, h, tail, lead_gpu_ms = _step(call, rotation.take(), dev, flush, deadline, lead)
         rotation.renew()
         times.append(t)
         host.append(h)
@@ -349,7 +350,7 @@ def _time_loop(call: Callable[..., Any], rotation: Rotation, plan: TimingPlan, d
         leads.append(lead_gpu_ms)
         if cuda and len(times) % 8 == 0:
             noops.append(noop())
-        elapsed = (_now_ns() - start_ns) / 1e9 - (rotation.spent_s - refreshed_s)
+        elapsed = (_now_ns() - start_ns) / 1e9
         if elapsed >= plan.max_time_s:
             stop_reason = "max_time"
             break

@@ -9,8 +9,9 @@ outputs: the parent compares.
 
 Trial protocol (both, so outputs line up; `_trials`): trial k runs on inputs seeded `seed + 1 + k`; odd trials
 write their values into the previous trial's input tensors (same pointers, new content) so caching keyed on
-pointers shows; the job's hardened trials come last (trial_inputs.harden: they decide degenerate tasks). With timing on, one more output follows the trials: the last timing-loop iteration's, on inputs
-rewritten in place just before it. A candidate worker with the robust check on also runs `integrity.Monitor`.
+pointers shows; the job's hardened trials come last (trial_inputs.harden: they decide degenerate tasks). With
+timing on, one more output follows the trials: the call after the timing loop, on inputs rewritten in place just
+before it, as every timed call's were. A candidate worker with the robust check on also runs `integrity.Monitor`.
 """
 
 from __future__ import annotations

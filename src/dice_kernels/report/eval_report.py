@@ -22,8 +22,8 @@ def _pct(x: float) -> str:
 def summary(results: list[EvalResult], meta: dict) -> dict:
     levels = by_level(results)
     harness_errors = [r for r in results if r.outcome is Outcome.HARNESS_ERROR]
-    task_errors = sorted({r.task_id for r in harness_errors if r.extra.get("task_error")})
-    over_limits = sorted({r.task_id for r in harness_errors if r.extra.get("reference_over_limits")})
+    task_errors = sorted({r.task_id for r in harness_errors if r.task_flags.error})
+    over_limits = sorted({r.task_id for r in harness_errors if r.task_flags.over_limits})
     speedups = sorted(r.speedup for r in results if r.outcome is Outcome.CORRECT and r.speedup is not None)
     return {
         **meta,
@@ -32,7 +32,7 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "tasks_whose_reference_exceeds_limits": over_limits,
         "needs_gpu": sum(1 for r in results if r.outcome is Outcome.NEEDS_GPU),
         "internal_harness_errors": sum(1 for r in harness_errors
-                                       if not (r.extra.get("task_error") or r.extra.get("reference_over_limits"))),
+                                       if not (r.task_flags.error or r.task_flags.over_limits)),
         "speedup_quantiles": _quantiles(speedups),
         "timing_flags": timing_flags(results),
         "fallback_ops": fallback_ops(results),
@@ -48,20 +48,20 @@ def deceptive_extensions(results: list[EvalResult]) -> dict[str, int]:
     counts = Counter()
     for r in results:
         if r.outcome is Outcome.DECEPTIVE:
-            ext = r.extra.get("extension")
-            counts["unknown" if ext is None else "called" if ext["called"] else
-                   "loaded_not_called" if ext["loaded"] else "none_loaded"] += 1
+            ext = r.extension
+            counts["unknown" if ext is None else "called" if ext.called else
+                   "loaded_not_called" if ext.loaded else "none_loaded"] += 1
     return dict(counts)
 
 
 def reference_baselines(results: list[EvalResult]) -> dict:
     """How the speedups' reference timings came about: measured in this run, or reused from the baseline cache
     (from when, and how noisy those were)."""
-    notes = [r.extra["reference_baseline"] for r in results if r.speedup is not None and r.extra.get("reference_baseline")]
-    reused = [b for b in notes if b.get("cached")]
-    noise = sorted(b["rel_ci"] for b in notes if b.get("rel_ci") is not None)
+    notes = [r.reference.baseline for r in results if r.speedup is not None and r.reference and r.reference.baseline]
+    reused = [b for b in notes if b.cached]
+    noise = sorted(b.rel_ci for b in notes if b.rel_ci is not None)
     return {"timed": len(notes), "reused": len(reused),
-            "reused_measured": [min(b["measured_at"] for b in reused), max(b["measured_at"] for b in reused)]
+            "reused_measured": [min(b.measured_at for b in reused), max(b.measured_at for b in reused)]
             if reused else [], "rel_ci_median": noise[len(noise) // 2] if noise else None,
             "rel_ci_max": noise[-1] if noise else None}
 
@@ -80,9 +80,9 @@ def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
 def _fallback_ops_of(r: EvalResult) -> set[str]:
     """The ops of a result's `pytorch_fallback` finding: all of them as recorded, or, for results recorded before
     findings carried their ops, the five its message names."""
-    for f in (r.extra.get("robust") or {}).get("findings") or ():
-        if f.get("kind") == DeceptiveKind.PYTORCH_FALLBACK.value and f.get("ops"):
-            return set(f["ops"])
+    for f in r.robust.findings if r.robust else ():
+        if f.kind == DeceptiveKind.PYTORCH_FALLBACK.value and f.ops:
+            return set(f.ops)
     return set(_ATEN_OP.findall(r.error))
 
 
@@ -90,17 +90,17 @@ def timing_flags(results: list[EvalResult]) -> dict[str, int]:
     """How many timed candidates carry each timing flag (`faster_than_light` ones were given no speedup)."""
     counts: dict[str, int] = {}
     for r in results:
-        for flag in r.extra.get("timing_flags") or ():
+        for flag in r.timing_flags:
             counts[flag] = counts.get(flag, 0) + 1
     return dict(sorted(counts.items()))
 
 
 def seconds_by_phase(results: list[EvalResult]) -> dict[str, float]:
-    """Where the evaluation's time went: `extra.phase_s` summed over results (duplicates carry none), largest
+    """Where the evaluation's time went: `phases.seconds` summed over results (duplicates carry none), largest
     first. Work in parallel workers adds up, so the sum exceeds the wall time."""
     totals: dict[str, float] = {}
     for r in results:
-        for phase, seconds in (r.extra.get("phase_s") or {}).items():
+        for phase, seconds in r.phases.seconds.items():
             totals[phase] = totals.get(phase, 0.0) + float(seconds)
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
@@ -183,7 +183,7 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
                      + f" | {med} | {m['degenerate_tasks']} |")
     lines += ["", "fast_p counts a candidate only when its speedup's 95% interval lies above p. Speedups are "
               "medians of bootstrap ratios of the two timing samples (docs/timing.md); each result's interval is in "
-              "`results.jsonl` (`extra.speedup_ci95`). fast_p of the point estimates, as papers report it: "
+              "`results.jsonl` (`details.timing.speedup_ci95`). fast_p of the point estimates, as papers report it: "
               + ", ".join(f"{level} " + " / ".join(_pct(m["fast_point"][f"fast_{p:g}"]) for p in FAST_P)
                           for level, m in s["metrics"].items() if m.get("fast_point"))]
     base = s.get("reference_baselines") or {}

@@ -61,8 +61,8 @@ def reward_of(result: EvalResult, cfg: RewardConfig) -> float:
     plus the speed bonus where it applies."""
     if result.outcome is not Outcome.CORRECT:
         return 0.0
-    ci = result.extra.get("speedup_ci95")
-    if cfg.speed_bonus <= 0 or not ci or result.extra.get("timing_flags") or ci[0] <= 1.0:
+    ci = result.timing.speedup_ci95 if result.timing else None
+    if cfg.speed_bonus <= 0 or not ci or result.timing_flags or ci[0] <= 1.0:
         return 1.0
     return 1.0 + min(cfg.speed_bonus_max, cfg.speed_bonus * math.log2(ci[0]))
 
@@ -103,7 +103,7 @@ class RewardService:
         self.db.execute("DELETE FROM rewards WHERE step = ?", (step,))  # a step redone after a resume
         self.db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
             (step, i, r.task_id, r.candidate_id, r.candidate_sha256, r.outcome.value, r.deceptive_kind, reward,
-             r.speedup, json.dumps(r.extra.get("speedup_ci95")), r.error[:500])
+             r.speedup, json.dumps(r.timing.speedup_ci95 if r.timing else None), r.error[:500])
             for i, (r, reward) in enumerate(zip(results, rewards))])
         self.db.commit()
         out = StepRewards(rewards=rewards, results=results, seconds=time.monotonic() - start)
