@@ -213,7 +213,8 @@ def plot_curves(cfg: DemoConfig, path: Path) -> bool:
             if infill:
                 right.axvspan(min(infill) - 0.5, max(infill) + 0.5, color=color, alpha=0.08)
     right.set(title="RL mean reward per step (shaded: infilling phase)", xlabel="step", ylim=(-0.05, 1.05))
-    right.legend(loc="upper left", fontsize=8)
+    if right.get_legend_handles_labels()[0]:  # no RL arm yet when the report is written after the SFT arm
+        right.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
