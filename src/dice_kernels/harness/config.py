@@ -186,10 +186,6 @@ class EvalConfig:
         return [f"{f.name}: {stored[f.name]} -> {getattr(self, f.name)}" for f in fields(self)
                 if f.name not in SCHEDULING and f.name in stored and stored[f.name] != str(getattr(self, f.name))]
 
-    def candidate_run_timeout_s(self, reference_wall_s: float) -> float:
-        """A candidate's wall-clock limit for its run, given how long its task's reference run took."""
-        return max(self.run_timeout_s, self.run_timeout_reference_factor * reference_wall_s)
-
     def resolved_run_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
         if self.run_workers > 0:
             return self.run_workers

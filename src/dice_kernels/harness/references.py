@@ -96,7 +96,7 @@ class ReferenceRunner:
 
         def run() -> tuple[dict, list | None]:
             job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None)
-            return self.workers.run(job, task.code, None, cfg.run_timeout_s, admit=admit)
+            return self.workers.run(job, task.code, None, run_timeout_s=cfg.run_timeout_s, admit=admit)
 
         res, outputs = run()
         if res.get("status") == "deferred":

@@ -79,7 +79,10 @@ class Evaluator:
 
         sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or [])
                        + tensor_bytes([outs for _, outs in ref.hardened]))
-        return self.workers.run(job, task.code, cand.code, cfg.candidate_run_timeout_s(ref.wall_s), judge=judge,
+        # --run-timeout-s, or its reference factor times the reference's run when longer: a candidate does what the
+        # reference did plus the checks, and a task whose reference needs minutes must not time out every candidate
+        run_timeout_s = max(cfg.run_timeout_s, cfg.run_timeout_reference_factor * ref.wall_s)
+        return self.workers.run(job, task.code, cand.code, run_timeout_s=run_timeout_s, judge=judge,
                                 max_output_bytes=sendable)
 
     def evaluate(self, pairs: Sequence[tuple[Task, Candidate]], out_dir: str | Path | None = None,

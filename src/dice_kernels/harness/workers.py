@@ -154,14 +154,14 @@ class Workers:
             pass
         return WorkerReport(result if isinstance(result, dict) else None, exit_, workdir)
 
-    def run(self, job: Callable[[Path], RunJob], task_code: str, code: str | None, timeout_s: float,
+    def run(self, job: Callable[[Path], RunJob], task_code: str, code: str | None, run_timeout_s: float,
             judge: TrialJudge | None = None, max_output_bytes: int | None = None,
             admit: Callable[[int], None] | None = None) -> tuple[dict, list | None]:
         """Run a model (the reference when `code` is None); returns (report, outputs or None). A candidate's trials
         go to `judge` as they arrive (its outputs are then only the re-checked call's). `max_output_bytes` bounds
         everything the worker may send (default: trials + 1 frames of `memory_limit_gb`); `admit` sees the first
         frame's size and may stop the worker (OutputsDeferred: the report's status is then "deferred")."""
-        rep = self.run_job("run", job, task_code=task_code, code=code, timeout_s=timeout_s, judge=judge,
+        rep = self.run_job("run", job, task_code=task_code, code=code, timeout_s=run_timeout_s, judge=judge,
                            max_output_bytes=max_output_bytes, admit=admit)
         outputs = None
         res = rep.result
@@ -171,7 +171,7 @@ class Workers:
             res = {"status": "error", "kind": MEMORY_ERROR.value,
                    "error": f"outputs too large: {rep.exit.data_error}"}
         elif res is None:
-            kind, error = death_outcome(rep.exit, self.config, phase="run", timeout_s=timeout_s)
+            kind, error = death_outcome(rep.exit, self.config, phase="run", timeout_s=run_timeout_s)
             res = {"status": "error", "kind": kind.value, "error": error}
         elif res.get("status") == "ok":
             outputs = rep.exit.data
