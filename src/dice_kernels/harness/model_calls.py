@@ -100,7 +100,7 @@ def time_forward(model, task: types.ModuleType, inputs: list, where: str, job: R
         with monitor.harness_io() if monitor else nullcontext():
             inputs[:] = trial_inputs(task, job, next(seeds), into=inputs)
 
-    rotation = timing.Rotation(sets, refresh, share=0.5)  # at least half the loop's time goes to calls
+    rotation = timing.Rotation(sets, refresh)
     with gpu_lock.exclusive(job.gpu_lock) as alone, monitor.timed_calls() if monitor else nullcontext():
         samples = timing.time_calls(model, rotation, plan, job.device, flush)
         if job.candidate and job.device.startswith("cuda") and timing_stats.stream_escape(samples):

@@ -109,7 +109,7 @@ def _timed(ref: Reference, res: dict, ceilings: Ceilings | None, sol_slack: floa
     flags = timing.flags
     if stream_escape(cand_t):  # charged its tail already; flagged so nobody trusts its events
         flags.append("work_escaped_default_stream")
-    if cand_t.repeated_calls:  # refreshing would have taken over half the loop: a content-keyed cache could hit
+    if cand_t.repeated_calls:  # inputs timed without a refresh: a cache keyed on content could have hit
         flags.append("timing_inputs_repeated")
     if res.get("device_exclusive") is False or ref.timing.get("device_exclusive") is False:
         flags.append("timed_while_device_shared")  # the lock wait ran out (a hung call held the device)

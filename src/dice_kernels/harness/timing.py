@@ -98,18 +98,14 @@ class Rotation:
     """The input sets a timing loop cycles through. With `refresh` (new content written into a set, same tensors),
     each set is refreshed right after every call that used it, outside the clocks, so no call ever sees content an
     earlier call saw: a cache keyed on content (however much of it the key reads) never hits, and the call the
-    worker re-checks after the loop is no different from a timed one. Refreshes count in the loop's time
-    limits: one is skipped while refreshes have taken more than `share` of the time since the rotation began (a
-    get_inputs() slow on the host must not starve the timing of samples); the timed calls that then see repeated
-    content are counted (`repeated`), as are all repeats without a refresh."""
+    worker re-checks after the loop is no different from a timed one. Refreshes count in the loop's time limits
+    (a get_inputs() slow on the host leaves fewer samples and a wider interval, never a repeat). Without a
+    refresh, the timed calls on content an earlier call saw are counted (`repeated`)."""
 
-    def __init__(self, sets: Sequence[Sequence[Any]], refresh: Callable[[Sequence[Any]], None] | None = None,
-                 share: float = 1.0):
+    def __init__(self, sets: Sequence[Sequence[Any]], refresh: Callable[[Sequence[Any]], None] | None = None):
         if not sets:
             raise ValueError("time_calls needs at least one input set")
-        self.sets, self.refresh, self.share = sets, refresh, share
-        self.spent_s = 0.0  # seconds spent refreshing
-        self._began = _now_s()
+        self.sets, self.refresh = sets, refresh
         self.repeated = 0
         self._seen: set[int] = set()  # sets whose content some call has seen since their last refresh
         self._calls = 0
@@ -125,13 +121,10 @@ class Rotation:
         return self.sets[k]
 
     def renew(self) -> None:
-        """New content for the set just used, unless refreshes have taken more than their share of the time."""
-        if self.refresh is None or self.spent_s >= self.share * (_now_s() - self._began):
-            return
-        t0 = _now_s()
-        self.refresh(self.sets[self._last])
-        self.spent_s += _now_s() - t0
-        self._seen.discard(self._last)
+        """New content for the set just used."""
+        if self.refresh is not None:
+            self.refresh(self.sets[self._last])
+            self._seen.discard(self._last)
 
 
 # ---------------------------------------------------------------------------------------------- threads

@@ -62,8 +62,8 @@ class TimingSamples:
     # with several loops (TimingPlan.loops): each loop's sample count, in `times_ms` order; median_ms is then the
     # mean of the loop medians. () for one loop
     loop_sizes: tuple[int, ...] = ()
-    # timed calls whose inputs held content an earlier call had seen (refreshes skipped past their share of the
-    # time, or no refresh given: timing.Rotation); a cache keyed on content could hit on those
+    # timed calls whose inputs held content an earlier call had seen (a loop given no refresh: timing.Rotation); a
+    # cache keyed on content could hit on those
     repeated_calls: int = 0
     # CUDA, when work escaped the events (`stream_escape`): the median host ms of a call timed from just before it
     # to a device-wide synchronize, with no lead and less a no-op's (timing.synchronized_ms). Launch latency is in
