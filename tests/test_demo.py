@@ -67,7 +67,7 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(tmp_path)
     pairs.append((pairs[0][0], candidate_from_text(broken, id="broken")))
     config = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "cache")
     results = evaluate(pairs, config, progress=False)
-    assert [r.outcome for r in results[:-1]] == [Outcome.CORRECT] * (len(pairs) - 1), [r.message for r in results]
+    assert [r.outcome for r in results[:-1]] == [Outcome.CORRECT] * (len(pairs) - 1), [r.error for r in results]
     assert results[-1].outcome is Outcome.VALUE_MISMATCH
 
 
