@@ -36,9 +36,7 @@ app.add_typer(bench_app, name="bench")
 app.command("demo")(demo)
 
 EXAMPLES = Path(__file__).parent / "examples"
-
-
-
+# what a run writes in --out (--overwrite removes them before the new run)
 RUN_FILES = ("results.sqlite", "results.sqlite-wal", "results.sqlite-shm", "results.jsonl", "summary.json",
              "report.md", "outcomes.png")
 

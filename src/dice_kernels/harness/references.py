@@ -59,9 +59,14 @@ def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: 
     part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.compile_baseline,
                          speed_of_light=config.resolved_speed_of_light(platform.backend),
                          ceilings_known=tuple(sorted(ceilings.known)))
-    hardened = tuple(range(HARDENED_TRIALS)) if config.robust else ()  # the robust check's degenerate tasks
-    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None, hardened),
-                                  reference=part)
+    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None,
+                                                      reference_hardened(config)), reference=part)
+
+
+def reference_hardened(config: EvalConfig) -> tuple[int, ...]:
+    """The hardened trials a reference runs after the usual ones: all of them with the robust check on (what
+    decides its degenerate tasks), none without."""
+    return tuple(range(HARDENED_TRIALS)) if config.robust else ()
 
 
 def common_run_fields(config: EvalConfig, platform: Platform, workers: Workers, workdir: Path,
@@ -112,7 +117,7 @@ class ReferenceRunner:
         if outputs is None:
             return Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                              wall_s=time.monotonic() - start, retried=retried)
-        n = cfg.trials + HARDENED_TRIALS * cfg.robust
+        n = cfg.trials + len(reference_hardened(cfg))
         trials, hardened = outputs[:cfg.trials], outputs[cfg.trials:n]
         timing = outputs[n] if len(outputs) > n else None
         degenerate = degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes")))
