@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 TASK = EXAMPLES / "tasks" / "level1" / "19_ReLU.py"
 SOLUTION = EXAMPLES / "solutions" / "cpu" / "level1" / "19_ReLU" / "correct.py"
 

@@ -24,7 +24,7 @@ from dice_kernels.train.metrics import read_metrics
 from dice_kernels.train.sft import SFTConfig, run_sft
 from model_fixtures import save_tiny_checkpoint, save_tiny_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _WORDS = ["import torch", "class ModelNew(nn.Module):", "def forward(self, x):", "return torch.relu(x)",
           "__global__ void kernel(float* out)", "hello world", "write a cuda kernel"]
 

@@ -21,7 +21,7 @@ from dice_kernels.harness.outcomes import DeceptiveKind as K
 from dice_kernels.harness.outcomes import ExtensionUse, RobustCheck
 from dice_kernels.tasks import Task, load_tasks
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 CPU_SOLUTIONS = EXAMPLES / "solutions" / "cpu" / "level1"
 HEADER = "import torch\nimport torch.nn as nn\n"
 RELU = "return torch.relu(x)"

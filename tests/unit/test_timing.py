@@ -19,7 +19,7 @@ from dice_kernels.harness import speed_of_light, timing_stats
 from dice_kernels.harness import cache_flush as F
 from dice_kernels.harness import timing as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import kernelbench_style  # noqa: E402 - the KernelBench-style evaluator's timer, for comparison
 
 SMALL_CACHE = 1 << 16  # a 128 KiB flush keeps CPU tests fast; the flush size itself is tested separately

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TASK = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples" / "tasks" / "level1" / "19_ReLU.py"
+TASK = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples" / "tasks" / "level1" / "19_ReLU.py"
 
 
 def test_random_init_generates_and_saves_without_a_checkpoint(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from dice_kernels.data.infill import InfillError, split_program
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 DICE = SHARED / "corpora" / "dice_infill_eval_99.json"
 
 

@@ -1,6 +1,6 @@
 """`dice train rl` as a user runs it: a TOML config, a run killed (SIGKILL) after a step, `--resume` finishing it
 with one metrics curve, every step's rewards in SQLite, and a Hugging Face export. Toy tokenizer of code fragments
-(tests/test_rl_loop.py), tiny random model, CPU backend: the rewards are real compiles and runs."""
+(tests/e2e/test_rl_loop.py), tiny random model, CPU backend: the rewards are real compiles and runs."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 
 
 def test_cuda_code_on_the_cpu_backend_is_set_aside_not_failed(tmp_path, build_cache):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 TASK = EXAMPLES / "tasks" / "level1" / "19_ReLU.py"
 SLOW_OK = ("import time\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
            "    def forward(self, x):\n        time.sleep({delay} + {i} * 1e-6)  # distinct programs: no dedupe\n"

@@ -14,7 +14,7 @@ import pytest
 from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate
 from dice_kernels.tasks import load_tasks
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 ESCAPE = Path("/tmp") / f"dice-escape-{os.getpid()}"
 
 HEADER = "import torch\nimport torch.nn as nn\n"

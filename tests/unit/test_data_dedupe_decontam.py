@@ -11,7 +11,7 @@ from dice_kernels.data.dedupe import dedupe
 from dice_kernels.data.normalise import NUM, code_tokens
 from dice_kernels.data.records import VERIFIED, PairRecord, Verification
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not SHARED.exists(), reason="../shared/data is absent")
 
 REF = '''import torch

@@ -8,7 +8,7 @@ import pytest
 from dice_kernels.data.sources import (ColumnMapping, SourceError, fenced_block, load_leaderboard, load_mapped,
                                        load_preset)
 
-CORPORA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpora"
+CORPORA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "corpora"
 needs_shared = pytest.mark.skipif(not CORPORA.exists(), reason="../shared/data is absent")
 
 

@@ -15,7 +15,7 @@ from dice_kernels.harness.outcomes import DeceptiveKind as K
 from dice_kernels.tasks import load_tasks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 
 # A ReLU kernel that can spin for `spin` clock cycles first (to still be running when forward returns).
 EXT = textwrap.dedent('''
