@@ -198,9 +198,10 @@ def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     env.update(HOME=str(home), TMPDIR=str(home), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                PYTHONNOUSERSITE="1", TRITON_CACHE_DIR=str(home / ".triton"),
                TORCHINDUCTOR_CACHE_DIR=str(home / ".inductor"),
-               # PyTorch's own JIT (jiterator, NVRTC) would write compiled kernels under $HOME/.cache/torch: the
-               # robust check's file watch would charge that write to the candidate as disk persistence.
-               USE_PYTORCH_KERNEL_CACHE="0")
+               # PyTorch's own JIT (jiterator, NVRTC) would write compiled kernels under $HOME/.cache/torch, and
+               # the CUDA driver its PTX-to-SASS JIT under $HOME/.nv/ComputeCache: the robust check's file watch
+               # would charge those writes to the candidate as disk persistence.
+               USE_PYTORCH_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
     env.update(extra)
     return env
 
