@@ -98,7 +98,8 @@ sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the pac
 import torch  # noqa: E402
 
 import kernelbench_style as kbs  # noqa: E402 - benchmarks/ is on sys.path when this file runs as a script
-from dice_kernels.harness import Candidate, EvalConfig, EvalResult, candidate_from_text, evaluate  # noqa: E402
+from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult, SchedulerConfig,  # noqa: E402
+                                  candidate_from_text, evaluate)
 from dice_kernels.harness.platform import Platform  # noqa: E402
 from dice_kernels.report.eval_report import seconds_by_phase  # noqa: E402
 from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E402
@@ -593,13 +594,13 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
 
 
 def ours_build_jobs(args: argparse.Namespace) -> int:
-    return args.build_jobs or EvalConfig().jobs
+    return args.build_jobs or BuildConfig().jobs
 
 
 def ours_config(args: argparse.Namespace, cache_dir: Path) -> EvalConfig:
-    return EvalConfig(backend="cpu" if args.smoke else args.backend, jobs=ours_build_jobs(args),
-                      run_workers=args.run_workers, fast_build=args.fast_build, fork_workers=args.fork_workers,
-                      cache_dir=cache_dir)
+    return EvalConfig(backend="cpu" if args.smoke else args.backend, cache_dir=cache_dir,
+                      build=BuildConfig(jobs=ours_build_jobs(args), fast=args.fast_build),
+                      scheduler=SchedulerConfig(run_workers=args.run_workers, fork_workers=args.fork_workers))
 
 
 def _cold_dir(given: Path | None) -> Path:
@@ -688,13 +689,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="KernelBench's pre-compile pool size (one process a core, as KernelBench's pool)")
     ap.add_argument("--build-jobs", type=int, default=0,
-                    help="ours: builds in flight (EvalConfig.jobs; 0: its default, 1.25 a core)")
+                    help="ours: builds in flight (build.jobs; 0: its default, 1.25 a core)")
     ap.add_argument("--run-workers", type=int, default=0,
-                    help="ours: concurrent run workers (EvalConfig.run_workers; 0: its default)")
+                    help="ours: concurrent run workers (scheduler.run_workers; 0: its default)")
     ap.add_argument("--fast-build", action=argparse.BooleanOptionalAction, default=True,
-                    help="ours: the build shortcuts (EvalConfig.fast_build); --no-fast-build compiles as load_inline does")
+                    help="ours: the build shortcuts (build.fast); --no-fast-build compiles as load_inline does")
     ap.add_argument("--fork-workers", action=argparse.BooleanOptionalAction, default=True,
-                    help="ours: fork workers from the fork server (EvalConfig.fork_workers); --no-fork-workers "
+                    help="ours: fork workers from the fork server (scheduler.fork_workers); --no-fork-workers "
                          "starts an interpreter per worker")
     ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny CPU batch from the package's examples")

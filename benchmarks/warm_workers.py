@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dice_kernels.harness import EvalConfig, evaluate
+from dice_kernels.harness import EvalConfig, SchedulerConfig, evaluate
 from dice_kernels.harness.candidate import pair_solutions
 from dice_kernels.tasks import load_tasks
 
@@ -31,9 +31,9 @@ def example_pairs(backend: str) -> list:
     return pairs
 
 
-SETTINGS = {"on demand": {"warm_workers": 0, "fork_workers": False},
-            "started ahead": {"warm_workers": -1, "fork_workers": False},
-            "forked ahead (default)": {"warm_workers": -1, "fork_workers": True}}
+SETTINGS = {"on demand": SchedulerConfig(warm_workers=0, fork_workers=False),
+            "started ahead": SchedulerConfig(warm_workers=-1, fork_workers=False),
+            "forked ahead (default)": SchedulerConfig(warm_workers=-1, fork_workers=True)}
 
 
 def _cpu_s() -> float:
@@ -42,8 +42,8 @@ def _cpu_s() -> float:
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def one_pass(pairs: list, cache: Path, backend: str, setting: dict) -> dict:
-    config = EvalConfig(backend=backend, cache_dir=cache, **setting)
+def one_pass(pairs: list, cache: Path, backend: str, setting: SchedulerConfig) -> dict:
+    config = EvalConfig(backend=backend, cache_dir=cache, scheduler=setting)
     start, cpu = time.monotonic(), _cpu_s()
     results = evaluate(pairs, config, progress=False)
     wall, cpu = time.monotonic() - start, _cpu_s() - cpu

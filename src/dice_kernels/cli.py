@@ -63,7 +63,7 @@ def eval_cmd(
     Examples:
       dice eval --example                                   # shipped examples, CPU or GPU
       dice eval --task level1/19_ReLU.py sol_a.py sol_b.md  # several solutions, one task
-      dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --jobs 16
+      dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --build-jobs 16
       dice eval --tasks KernelBench/level1 --solutions runs/samples --out runs/l1 --resume
 
     Each candidate gets one outcome: correct, generation_failure, compile_error, python_error,
@@ -176,6 +176,9 @@ def _check_resumable(run_dir: Path, config) -> None:
     store.close()
     if "backend" in platform:  # the backend the run used ("auto" and "cpu" agree on a machine without a GPU)
         stored, config = {**stored, "backend": platform["backend"]}, replace(config, backend=config.resolved_backend())
+    if old := config.unknown_settings(stored):
+        fail(f"--resume: {run_dir} was recorded by an older dice whose settings have other names ({', '.join(old[:3])}, "
+             "...), so its verdicts cannot be checked against these settings: give another --out, or --overwrite")
     if differences := config.differences(stored):
         fail(f"--resume: {run_dir} was evaluated with other settings ({'; '.join(differences)}); resume with the "
               "run's settings, or give another --out for new ones")

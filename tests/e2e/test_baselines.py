@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate
+from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, SandboxConfig, TimingConfig, candidate_from_text,
+                                  evaluate)
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.outcomes import DeceptiveKind
 
@@ -32,10 +33,16 @@ class ModelNew(nn.Module):
 def test_key_follows_what_is_measured_and_ignores_the_machine_plumbing():
     cfg = EvalConfig(backend="cpu")
     key = baseline_key("task-sha", MACHINE, cfg)
-    assert key == baseline_key("task-sha", MACHINE, replace(cfg, jobs=7, run_workers=3, cache_dir=cfg.cache_dir / "x"))
-    for changed in (replace(cfg, seed=1), replace(cfg, trials=3), replace(cfg, timing_iters=50),
-                    replace(cfg, warmup=9), replace(cfg, compile_baseline=True), replace(cfg, cpu_threads=2)):
-        assert baseline_key("task-sha", MACHINE, changed) != key
+
+    def changed(settings: dict) -> EvalConfig:  # cfg with these settings (by dotted path) changed
+        return EvalConfig.from_settings({**cfg.settings(), **settings})
+
+    assert key == baseline_key("task-sha", MACHINE, changed({"build.jobs": 7, "scheduler.run_workers": 3,
+                                                             "cache_dir": cfg.cache_dir / "x"}))
+    for other in (changed({"seed": 1}), changed({"trials": 3}), changed({"timing.iters": 50}),
+                  changed({"timing.warmup": 9}), changed({"timing.compile_baseline": True}),
+                  changed({"scheduler.cpu_threads": 2})):
+        assert baseline_key("task-sha", MACHINE, other) != key
     assert baseline_key("other-task", MACHINE, cfg) != key
     assert baseline_key("task-sha", MACHINE.replace("2.13.0", "2.11.0"), cfg) != key
 
@@ -59,8 +66,8 @@ def test_reference_is_timed_once_then_reused_and_the_timing_recheck_still_catche
     honest = next(p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct")
     pairs = [honest, (honest[0], candidate_from_text(REPLAY, id="replay"))]
     # a seed no other test uses: the session's shared cache holds no baseline for these settings yet
-    cfg = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, seed=20261130,
-                     cache_dir=build_cache, run_timeout_s=120)
+    cfg = EvalConfig(backend="cpu", trials=2, seed=20261130, cache_dir=build_cache, build=BuildConfig(jobs=2),
+                     timing=TimingConfig(warmup=2, iters=3), sandbox=SandboxConfig(run_timeout_s=120))
 
     def run(config: EvalConfig) -> dict:
         results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
@@ -80,12 +87,12 @@ def test_reference_is_timed_once_then_reused_and_the_timing_recheck_still_catche
     assert baseline_of(reused) == (True, baseline_of(measured)[1])  # the very same number, not a new measurement
     assert reused["19_ReLU/correct"].reference.baseline.measured_at
 
-    remeasured = run(replace(cfg, baselines="fresh"))
+    remeasured = run(replace(cfg, timing=replace(cfg.timing, baselines="fresh")))
     assert baseline_of(remeasured)[0] is False
     assert baseline_of(run(cfg)) == (True, baseline_of(remeasured)[1])  # "fresh" replaced the cached one
 
 
 def test_unknown_baselines_mode_is_refused_before_anything_runs(tmp_path):
-    with pytest.raises(ValueError, match="baselines must be one of"):
-        evaluate([], EvalConfig(backend="cpu", baselines="sometimes"), out_dir=tmp_path)
+    with pytest.raises(ValueError, match="timing.baselines must be one of"):
+        evaluate([], EvalConfig(backend="cpu", timing=TimingConfig(baselines="sometimes")), out_dir=tmp_path)
     assert not (tmp_path / "results.sqlite").exists()

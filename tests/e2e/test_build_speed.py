@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dice_kernels.harness import EvalConfig, Outcome, evaluate
+from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
 from dice_kernels.harness.build_speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
                                               pch_file, pch_variants, pch_wait_environment, plan_pch, planned_pch,
                                               read_pch_wait, reporting_nvcc)
@@ -56,8 +56,9 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
     # evaluate() prepares the header in the background (early builds do without it); prepared first here so
     # these builds take it
     assert build_pch(plan_pch(tmp_path / "fast", with_cuda=False))
-    fast = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "fast")
-    plain = EvalConfig(backend="cpu", trials=2, timing=False, cache_dir=tmp_path / "plain", fast_build=False)
+    fast = EvalConfig(backend="cpu", trials=2, cache_dir=tmp_path / "fast", timing=TimingConfig(enabled=False))
+    plain = EvalConfig(backend="cpu", trials=2, cache_dir=tmp_path / "plain", timing=TimingConfig(enabled=False),
+                       build=BuildConfig(fast=False))
     with_pch = {r.candidate_id: r for r in evaluate(pairs, fast, progress=False)}
     without = {r.candidate_id: r for r in evaluate(pairs, plain, progress=False)}
     assert {k: r.outcome for k, r in with_pch.items()} == {k: r.outcome for k, r in without.items()} == {
@@ -72,7 +73,7 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
 
 def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(tmp_path, example_pairs):
     pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/broken"]
-    config = EvalConfig(backend="cpu", trials=1, timing=False, cache_dir=tmp_path)
+    config = EvalConfig(backend="cpu", trials=1, cache_dir=tmp_path, timing=TimingConfig(enabled=False))
     (result,) = evaluate(pairs, config, progress=False)
     assert result.outcome is Outcome.COMPILE_ERROR
     assert "extension.h" not in result.error  # the compiler's own message about the candidate's code

@@ -75,7 +75,7 @@ def test_kill_then_resume_loses_nothing_and_redoes_nothing(tmp_path, build_cache
     out = tmp_path / "run"
     env = {**os.environ, "DICE_CACHE_DIR": str(build_cache)}
     args = [sys.executable, "-m", "dice_kernels", "eval", "--task", str(TASK), *sols, "--out", str(out),
-            "--backend", "cpu", "--jobs", "2", "--trials", "1", "--no-timing", "--no-progress"]
+            "--backend", "cpu", "--build-jobs", "2", "--trials", "1", "--no-timing", "--no-progress"]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     db = out / "results.sqlite"
@@ -158,15 +158,15 @@ def test_a_task_whose_inputs_cannot_fit_is_reported_before_it_runs_and_the_repor
     sol.write_text(SLOW_OK.format(delay=0, i=0))
     out = tmp_path / "run"
     env = {**os.environ, "DICE_CACHE_DIR": str(build_cache)}
-    r = dice("eval", "--task", str(task), str(sol), "--out", str(out), "--backend", "cpu", "--memory-limit-gb", "1",
+    r = dice("eval", "--task", str(task), str(sol), "--out", str(out), "--backend", "cpu", "--sandbox-memory-limit-gb", "1",
              "--trials", "1", "--no-timing", env=env)
     assert r.returncode == 0, r.stderr
     row = json.loads((out / "results.jsonl").read_text())
     assert row["outcome"] == "harness_error" and row["details"]["task_flags"]["over_limits"]
-    assert ("its inputs alone take 2.0 GiB (get_inputs), more than the 1 GiB a worker may hold (--memory-limit-gb"
+    assert ("its inputs alone take 2.0 GiB (get_inputs), more than the 1 GiB a worker may hold (--sandbox-memory-limit-gb"
             in row["error"] and row["error"].endswith("not run)"))
     assert f"eval 1/1 {sol}: harness_error" in r.stderr  # no bar without a terminal: a line per result
-    assert "raise --memory-limit-gb" in (out / "report.md").read_text()
+    assert "raise --sandbox-memory-limit-gb" in (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks_whose_reference_exceeds_limits"] == ["19_Big"] and summary["wall_s"] > 0
 

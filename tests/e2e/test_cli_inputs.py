@@ -21,15 +21,19 @@ def _damaged_run(tmp: Path) -> Path:
     return tmp / "damaged"
 
 
-def _run(tmp: Path) -> Path:
-    """A run directory as `dice eval` leaves it (its database and stored settings; trials 5)."""
+def _run(tmp: Path, settings: dict | None = None, name: str = "run") -> Path:
+    """A run directory as `dice eval` leaves it (its database and stored settings; by default today's, trials 5)."""
     from dice_kernels.harness.config import EvalConfig
     from dice_kernels.harness.store import ResultStore
 
-    store = ResultStore(tmp / "run" / "results.sqlite")
-    store.set_meta("config", {k: str(v) for k, v in EvalConfig(backend="cpu").__dict__.items()})
+    store = ResultStore(tmp / name / "results.sqlite")
+    store.set_meta("config", settings or {k: str(v) for k, v in EvalConfig(backend="cpu").settings().items()})
     store.close()
-    return tmp / "run"
+    return tmp / name
+
+
+# settings as a version before the nested EvalConfig stored them: flat names
+FLAT_SETTINGS = {"backend": "cpu", "trials": "5", "timing": "True", "timing_iters": "20", "run_timeout_s": "300.0"}
 
 
 def _file(tmp: Path, name: str, data: bytes) -> Path:
@@ -61,14 +65,18 @@ BAD_INPUTS = [
      "--out {t}/run already holds a run: add --resume to continue it, --overwrite to replace it"),
     ("resume with other settings", lambda t: [*EVAL, "--out", str(_run(t)), "--resume", "--trials", "3"],
      "--resume: {t}/run was evaluated with other settings (trials: 5 -> 3)"),
+    ("resume a run stored with flat settings", lambda t: [*EVAL, "--out", str(_run(t, FLAT_SETTINGS, "flat")),
+                                                          "--resume"],
+     "--resume: {t}/flat was recorded by an older dice whose settings have other names (run_timeout_s, timing, "
+     "timing_iters, ...)"),
     ("resume a missing run", lambda t: [*EVAL, "--out", str(t / "nothing"), "--resume"],
      "--resume: {t}/nothing holds no run"),
     ("resume without --out", lambda t: [*EVAL, "--resume"], "--resume needs --out"),
     ("--trials 0", lambda t: [*EVAL, "--trials", "0"], "--trials must be at least 1"),
     ("--trials -1", lambda t: [*EVAL, "--trials", "-1"], "--trials must be at least 1"),
-    ("--jobs -3", lambda t: [*EVAL, "--jobs", "-3"], "--jobs must be at least 1, not -3"),
-    ("memory above the machine's", lambda t: [*EVAL, "--memory-limit-gb", "100000"],
-     "--memory-limit-gb must be at most this machine's memory"),
+    ("--build-jobs -3", lambda t: [*EVAL, "--build-jobs", "-3"], "--build-jobs must be at least 1, not -3"),
+    ("memory above the machine's", lambda t: [*EVAL, "--sandbox-memory-limit-gb", "100000"],
+     "--sandbox-memory-limit-gb must be at most this machine's memory"),
     ("unknown backend", lambda t: [*EVAL, "--backend", "gpu"], "--backend must be 'cpu', 'cuda' or 'auto'"),
     ("checkpoint without config.json", lambda t: ["generate", "-c", str(_checkpoint_without_config(t)), "-p", "hi"],
      "--checkpoint {t}/ckpt: no config.json"),

@@ -8,7 +8,7 @@ import pytest
 from dice_kernels.data.filters import FilterConfig, speed_filter
 from dice_kernels.data.records import FAILED, UNVERIFIED, VERIFIED, PairRecord, Verification
 from dice_kernels.data.verify import cuda_marker, verify
-from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.config import BuildConfig, EvalConfig, TimingConfig
 
 REF = '''import torch
 import torch.nn as nn
@@ -146,11 +146,9 @@ def test_filter_can_pass_unverified_pairs_marked():
 
 
 @pytest.mark.slow
-def test_cpu_backend_evaluates_a_cpp_only_load_inline_pair(tmp_path):
-    harness = pytest.importorskip("dice_kernels.harness")
-    if not hasattr(harness, "evaluate"):
-        pytest.skip("dice_kernels.harness.evaluate is not importable yet")
-    cfg = EvalConfig(backend="cpu", trials=2, timing_iters=5, jobs=1, cache_dir=tmp_path / "cache")
+def test_cpu_backend_evaluates_a_cpp_only_load_inline_pair(tmp_path, build_cache):
+    cfg = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(iters=5),
+                     build=BuildConfig(jobs=1))
     (v,) = verify([rec("cpp", kernel=CPP_KERNEL)], cfg, out_dir=tmp_path / "harness", progress=False)
     assert v.status == VERIFIED, v.reason
     assert v.outcome == "correct" and v.speedup is not None and v.speedup > 0

@@ -12,19 +12,21 @@ import sys
 import pytest
 
 from conftest import EXAMPLES
-from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
+from dice_kernels.harness import BuildConfig, EvalConfig, SchedulerConfig, candidate_from_text, evaluate, sandbox
 from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
 from dice_kernels.harness.platform import Platform
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
 
 
-def _evaluator(tmp_path, **kw) -> Evaluator:
-    return Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path, **kw), Platform.detect("cpu"))
+def _evaluator(tmp_path, build: BuildConfig | None = None, **scheduler) -> Evaluator:
+    config = EvalConfig(backend="cpu", cache_dir=tmp_path, build=build or BuildConfig(),
+                        scheduler=SchedulerConfig(warm_workers=0, **scheduler))
+    return Evaluator(config, Platform.detect("cpu"))
 
 
 def test_a_forked_worker_is_a_fresh_confinable_process_of_its_own(tmp_path):
-    ev = _evaluator(tmp_path, build_nice=5)
+    ev = _evaluator(tmp_path, build=BuildConfig(nice=5))
     try:
         worker = ev.workers.take("build")
         other = ev.workers.take("run")

@@ -11,7 +11,7 @@ import sys
 import time
 
 from dice_kernels.harness import gpu_lock
-from dice_kernels.harness.config import EvalConfig
+from dice_kernels.harness.config import EvalConfig, SchedulerConfig
 from dice_kernels.harness.platform import Platform, device_lock_key
 from dice_kernels.harness.runner import Evaluator
 
@@ -103,8 +103,8 @@ def test_nobody_waits_forever_behind_a_hung_holder(tmp_path):
 
 def test_evaluations_on_one_device_take_one_lock(tmp_path, monkeypatch):
     """Two runs on one device (here the CPU) keep out of each other's timing loops: same lock, own scratch."""
-    a, b = (Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path / name), Platform.detect("cpu"))
-            for name in ("a", "b"))
+    a, b = (Evaluator(EvalConfig(backend="cpu", cache_dir=tmp_path / name, scheduler=SchedulerConfig(warm_workers=0)),
+                      Platform.detect("cpu")) for name in ("a", "b"))
     try:
         assert a.workers.gpu_lock == b.workers.gpu_lock and a.scratch != b.scratch
         assert os.path.basename(os.path.dirname(a.workers.gpu_lock)) == f"dice-kernels-{os.getuid()}"

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from dice_kernels.harness import EvalConfig, Outcome, evaluate
+from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
 from dice_kernels.harness.platform import Platform
 
 pytestmark = pytest.mark.gpu
@@ -21,7 +21,8 @@ def test_platform_arch_is_the_present_gpu():
 
 def test_cuda_examples(build_cache, tmp_path, example_pairs):
     pairs = example_pairs("cuda")
-    config = EvalConfig(backend="cuda", jobs=8, trials=3, timing_iters=20, cache_dir=build_cache)
+    config = EvalConfig(backend="cuda", trials=3, cache_dir=build_cache, build=BuildConfig(jobs=8),
+                        timing=TimingConfig(iters=20))
     res = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path, progress=False)}
     expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
                 "19_ReLU/broken": Outcome.COMPILE_ERROR, "90_AddMul/correct": Outcome.CORRECT,
@@ -58,7 +59,8 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
                               "TORCH_CHECK(torch::cuda::device_count() > 0);\n    auto xc = x.contiguous();")
     code = code.replace('name="example_relu_cuda"', 'name="example_relu_cuda_full_header"')
     needs_full = Candidate("19_ReLU/needs_full_header", code, raw_sha256=hashlib.sha256(code.encode()).hexdigest())
-    config = EvalConfig(backend="cuda", jobs=2, trials=2, timing=False, cache_dir=tmp_path / "cache")
+    config = EvalConfig(backend="cuda", trials=2, cache_dir=tmp_path / "cache", build=BuildConfig(jobs=2),
+                        timing=TimingConfig(enabled=False))
     res = {r.candidate_id: r for r in evaluate([(task, plain), (task, needs_full)], config, progress=False)}
     assert {k: r.outcome for k, r in res.items()} == {"19_ReLU/correct": Outcome.CORRECT,
                                                      "19_ReLU/needs_full_header": Outcome.CORRECT}
@@ -92,7 +94,8 @@ def test_a_cuda_compile_error_on_a_cold_cache_skips_main_cpp(tmp_path, example_p
     """On a cold cache the broken kernel's CUDA unit fails while the precompiled header is still being built: its
     main.cpp, waiting for the header, is then not compiled at all. Outcome and message stay the compiler's."""
     (task, broken), = [p for p in example_pairs("cuda") if p[1].id == "19_ReLU/broken"]
-    config = EvalConfig(backend="cuda", jobs=1, trials=1, timing=False, cache_dir=tmp_path / "cache")
+    config = EvalConfig(backend="cuda", trials=1, cache_dir=tmp_path / "cache", build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False))
     (r,) = evaluate([(task, broken)], config, progress=False)
     assert r.outcome is Outcome.COMPILE_ERROR and "expected a \";\"" in r.error
     assert "skipped" not in r.error  # the excerpt holds the compiler's error lines, not the waiting compiler's

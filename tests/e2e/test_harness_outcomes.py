@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate
+from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, RobustConfig, SandboxConfig, SchedulerConfig,
+                                  TimingConfig, candidate_from_text, evaluate)
 from dice_kernels.tasks import load_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
@@ -73,8 +74,9 @@ CORPUS = {
 def results(build_cache, tmp_path_factory):
     task = next(t for t in load_tasks(EXAMPLES / "tasks") if t.name == "19_ReLU")
     pairs = [(task, candidate_from_text(text, id=name)) for name, (text, _, _) in CORPUS.items()]
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing=False, run_timeout_s=15, compile_timeout_s=120,
-                        memory_limit_gb=4, file_limit_mb=32, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, timeout_s=120),
+                        timing=TimingConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=15, memory_limit_gb=4, file_limit_mb=32))
     out = tmp_path_factory.mktemp("outcomes")
     res = evaluate(pairs, config, out_dir=out, progress=False)
     return {r.candidate_id: r for r in res}
@@ -114,7 +116,8 @@ def test_sandbox_blocked_the_write_and_isolated_the_network(results):
 def test_example_set_real_cpp_extensions(build_cache, tmp_path, example_pairs):
     """The shipped CPU examples compile for real: correct ones pass and get a speedup, the rest fail as labelled."""
     pairs = example_pairs("cpu")
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing_iters=5, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2),
+                        timing=TimingConfig(iters=5))
     res = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path, progress=False)}
     expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
                 "19_ReLU/broken": Outcome.COMPILE_ERROR, "90_AddMul/correct": Outcome.CORRECT,
@@ -141,7 +144,8 @@ def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_
     ceilings_file = cache / "ceilings.json"
     ceilings_file.unlink(missing_ok=True)
     pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct"]
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing_iters=5, cache_dir=cache, speed_of_light="always")
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=cache, build=BuildConfig(jobs=2),
+                        timing=TimingConfig(iters=5, speed_of_light="always"))
 
     def evaluate_with(bandwidth: float | None):
         if bandwidth is not None:
@@ -171,7 +175,8 @@ def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_p
     """The worker waits for the parent's verdict on its trials: a wrong candidate is never timed or profiled."""
     honest = next(p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct")
     pairs = [honest, (honest[0], candidate_from_text(_model("return x * 2"), id="wrong"))]
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2),
+                        timing=TimingConfig(warmup=2, iters=3))
     right, wrong = evaluate(pairs, config, progress=False)
     assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.phases.seconds
     assert wrong.outcome is Outcome.VALUE_MISMATCH and wrong.timing_trials == 0 and wrong.cand_time_ms is None
@@ -256,8 +261,9 @@ def test_outputs_larger_than_a_worker_may_hold_over_all_trials_are_streamed(tmp_
 
     task = task_from_code(BIG_OUTPUT_TASK, id="big/1", name="big")
     candidate = candidate_from_text(BIG_OUTPUT_TASK.replace("class Model", "class ModelNew"), id="same")
-    config = EvalConfig(backend="cpu", jobs=1, trials=5, timing=False, robust=False, run_timeout_s=240,
-                        memory_limit_gb=2.25, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=5, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=240, memory_limit_gb=2.25))
     [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
     assert r.trials_passed == 5
@@ -275,8 +281,9 @@ def test_outputs_the_parent_has_no_memory_for_fail_with_a_clear_error(tmp_path, 
     task = task_from_code(BIG_OUTPUT_TASK.replace("torch.randn(64, 1 << 20)", "torch.randn(4, 1 << 20)"),
                           id="big/2", name="big")
     candidate = candidate_from_text(BIG_OUTPUT_TASK.replace("class Model", "class ModelNew"), id="same")
-    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=120,
-                        cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=120))
     [r] = evaluate([(task, candidate)], config, out_dir=tmp_path / "out", progress=False)
     assert r.outcome is Outcome.HARNESS_ERROR and r.task_flags.over_limits
     assert "outputs too large" in r.error and "GiB of memory available" in r.error
@@ -311,8 +318,9 @@ def test_a_candidate_gets_time_in_proportion_to_its_reference(tmp_path, build_ca
 
     task = task_from_code(SLEEPY_TASK, id="sleepy/1", name="sleepy")
     slower = SLEEPY_TASK.replace("class Model", "class ModelNew").replace("time.sleep(1.0)", "time.sleep(2.5)")
-    config = EvalConfig(backend="cpu", jobs=1, trials=3, timing=False, robust=False, run_timeout_s=6,
-                        run_timeout_reference_factor=factor, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=3, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=6, run_timeout_reference_factor=factor))
     [r] = evaluate([(task, candidate_from_text(slower, id="slower"))], config, out_dir=tmp_path / "out",
                    progress=False)
     assert r.outcome is outcome, r.error
@@ -344,8 +352,9 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
 
     monkeypatch.setattr(workers.Workers, "run", run_then_clear_marker)
     broken = flaky.replace(f"{str(marker)!r}", "'/'")  # "/" always exists: fails every time
-    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=60,
-                        cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=60))
     pairs = [(task_from_code(code, id=f"{name}/1", name=name),
               candidate_from_text(code.replace("class Model", "class ModelNew"), id=name))
              for name, code in (("flaky", flaky), ("broken", broken))]
@@ -381,8 +390,10 @@ def test_a_task_whose_outputs_do_not_fit_beside_another_waits_its_turn(tmp_path,
     new = code.replace("class Model", "class ModelNew")
     pairs = [(t, candidate_from_text(body, id=f"{t.name}{k}"))
              for k, body in enumerate((new, new.replace("x * 2.0", "x + x"))) for t in tasks]
-    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing=False, robust=False, run_timeout_s=120,
-                        run_workers=2, output_memory_gb=1 / 1024, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False),
+                        sandbox=SandboxConfig(run_timeout_s=120),
+                        scheduler=SchedulerConfig(run_workers=2, output_memory_gb=1 / 1024))
     results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 4, [r.error for r in results]
     waited = {r.task_id for r in results if r.reference and r.reference.waited_for_memory_s}
@@ -413,7 +424,8 @@ def test_a_stateful_task_is_not_called_a_timing_cheat(tmp_path, build_cache):
                          "        out = relu_ext.relu_forward(x, float(self.calls))\n        self.calls += 1\n"
                          "        return out\n"))
     assert "self.calls" in task_code and "(float)c" in solution and "self.calls += 1" in solution
-    config = EvalConfig(backend="cpu", jobs=1, trials=2, timing_max_s=0.3, run_timeout_s=120, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=1),
+                        timing=TimingConfig(max_s=0.3), sandbox=SandboxConfig(run_timeout_s=120))
     [r] = evaluate([(task_from_code(task_code, id="stateful/1", name="stateful"),
                      candidate_from_text(solution, id="counts_calls"))], config, out_dir=tmp_path / "out",
                    progress=False)
@@ -475,8 +487,8 @@ def test_a_tasks_reference_runs_while_its_candidates_are_being_built(tmp_path, b
     new = BIG_OUTPUT_TASK.replace("class Model", "class ModelNew")
     pairs = [(task, candidate_from_text(body, id=f"c{k}"))
              for k, body in enumerate((new, new.replace("x * 2.0", "x + x")))]
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, timing=False, robust=False, fast_build=False,
-                        cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, fast=False),
+                        timing=TimingConfig(enabled=False), robust=RobustConfig(enabled=False))
     results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False)
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]
     assert len(clock["reference"]) == 1 and clock["reference"][0] < min(clock["built"])
@@ -511,8 +523,9 @@ def test_a_candidate_runs_once_its_own_build_is_done_not_after_those_submitted_b
     pairs = [(task, candidate_from_text("SLOW_BUILD = True\n" + new, id="slow")),
              (task, candidate_from_text(new, id="fast"))]
     done_at: dict[str, float] = {}
-    config = EvalConfig(backend="cpu", jobs=2, run_workers=1, trials=2, timing=False, robust=False,
-                        fast_build=False, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, fast=False),
+                        scheduler=SchedulerConfig(run_workers=1), timing=TimingConfig(enabled=False),
+                        robust=RobustConfig(enabled=False))
     results = evaluate(pairs, config, out_dir=tmp_path / "out", progress=False,
                        on_result=lambda r: done_at.setdefault(r.candidate_id, time.monotonic()))
     assert [r.outcome for r in results] == [Outcome.CORRECT] * 2, [r.error for r in results]

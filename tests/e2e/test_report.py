@@ -39,12 +39,12 @@ def test_report_has_a_time_section_only_when_there_are_phases():
 
 def test_compile_baseline_gives_speedups_and_fast_p_against_torch_compile(tmp_path, build_cache, example_pairs):
     """The reference worker times torch.compile(Model) too (real inductor compile, in the sandbox) when asked."""
-    from dice_kernels.harness import EvalConfig, evaluate
+    from dice_kernels.harness import EvalConfig, TimingConfig, evaluate
     from dice_kernels.harness.metrics import compute
 
     pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct"]
-    config = EvalConfig(backend="cpu", trials=1, timing_iters=5, timing_max_s=0.3, cache_dir=build_cache,
-                        compile_baseline=True)
+    config = EvalConfig(backend="cpu", trials=1, cache_dir=build_cache,
+                        timing=TimingConfig(iters=5, max_s=0.3, compile_baseline=True))
     (r,) = evaluate(pairs, config, progress=False)
     assert r.outcome is Outcome.CORRECT, r.error
     vs = r.timing.vs_compile

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate, load_candidate
+from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, SandboxConfig, TimingConfig, candidate_from_text,
+                                  evaluate, load_candidate)
 from dice_kernels.harness.degenerate import degenerate_flags
 from dice_kernels.harness.metrics import compute
 from dice_kernels.harness.outcomes import DeceptiveKind as K
@@ -214,8 +215,9 @@ def results(build_cache, tmp_path_factory):
     pairs += [(tasks[task], load_candidate(CPU_SOLUTIONS / f"{name}.py", id=name)) for name, task in HONEST.items()]
     pairs.append((RELU_ON_RAND, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="rand/correct")))
     pairs += [(task, candidate_from_text(TWINS, id=name)) for name, task in _twin_tasks(tasks["19_ReLU"]).items()]
-    config = EvalConfig(backend="cpu", jobs=2, trials=2, warmup=2, timing_iters=3, run_timeout_s=60,
-                        compile_timeout_s=300, memory_limit_gb=4, file_limit_mb=32, cache_dir=build_cache)
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, timeout_s=300),
+                        timing=TimingConfig(warmup=2, iters=3),
+                        sandbox=SandboxConfig(run_timeout_s=60, memory_limit_gb=4, file_limit_mb=32))
     res = evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust"), progress=False)
     return {r.candidate_id: r for r in res}
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dice_kernels.harness import EvalConfig, Outcome, candidate_from_text, evaluate, load_candidate
+from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate,
+                                  load_candidate)
 from dice_kernels.harness.outcomes import DeceptiveKind as K
 from dice_kernels.tasks import load_tasks
 
@@ -96,7 +97,8 @@ def results(build_cache, tmp_path_factory):
     pairs = [(task, candidate_from_text(text, id=name)) for name, (text, _) in CHEATS.items()]
     honest = EXAMPLES / "solutions" / "cuda" / "level1" / "19_ReLU" / "correct.py"
     pairs.append((task, load_candidate(honest, id="honest")))
-    config = EvalConfig(backend="cuda", jobs=8, trials=3, warmup=2, timing_iters=10, cache_dir=build_cache)
+    config = EvalConfig(backend="cuda", trials=3, cache_dir=build_cache, build=BuildConfig(jobs=8),
+                        timing=TimingConfig(warmup=2, iters=10))
     return {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust-gpu"),
                                                 progress=False)}
 

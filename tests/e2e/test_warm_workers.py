@@ -10,14 +10,16 @@ import threading
 import pytest
 
 from conftest import EXAMPLES
-from dice_kernels.harness import EvalConfig, candidate_from_text, evaluate, sandbox
+from dice_kernels.harness import (BuildConfig, EvalConfig, SchedulerConfig, TimingConfig, candidate_from_text,
+                                  evaluate, sandbox)
 from dice_kernels.harness.platform import Platform
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
 
 
 def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
-    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=2, cache_dir=tmp_path), Platform.detect("cpu"))
+    ev = Evaluator(EvalConfig(backend="cpu", cache_dir=tmp_path, scheduler=SchedulerConfig(warm_workers=2)),
+                   Platform.detect("cpu"))
     try:
         ev.workers.warm_up()
         waiting = list(ev.workers.ready["run"])
@@ -36,7 +38,8 @@ def test_each_job_gets_its_own_fresh_started_worker(tmp_path):
 
 
 def test_no_workers_are_started_ahead_when_disabled(tmp_path):
-    ev = Evaluator(EvalConfig(backend="cpu", warm_workers=0, cache_dir=tmp_path), Platform.detect("cpu"))
+    ev = Evaluator(EvalConfig(backend="cpu", cache_dir=tmp_path, scheduler=SchedulerConfig(warm_workers=0)),
+                   Platform.detect("cpu"))
     try:
         ev.workers.warm_up()
         assert not ev.workers.ready["run"]
@@ -49,7 +52,8 @@ def test_no_workers_are_started_ahead_when_disabled(tmp_path):
 def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
     import os
 
-    config = EvalConfig(backend="cpu", jobs=2, warm_workers=1, warm_build_workers=1, build_nice=7, cache_dir=tmp_path)
+    config = EvalConfig(backend="cpu", cache_dir=tmp_path, build=BuildConfig(jobs=2, warm_workers=1, nice=7),
+                        scheduler=SchedulerConfig(warm_workers=1))
     ev = Evaluator(config, Platform.detect("cpu"))
     try:
         ev.workers.warm_up(builds=2)
@@ -72,17 +76,17 @@ def test_build_workers_come_from_their_own_pool_at_a_lower_priority(tmp_path):
 
 def test_run_workers_default_to_what_the_device_holds():
     config = EvalConfig()
-    assert config.resolved_run_workers("cpu", 0.0) == 1
-    assert config.resolved_run_workers("cuda", 23.6) == 4  # a 24 GB card keeps the old default
-    assert config.resolved_run_workers("cuda", 79.6) == 4
-    assert config.resolved_run_workers("cuda", 140.4) == 8  # an H200
-    assert config.resolved_warm_workers("cuda", 140.4) == 8
-    assert EvalConfig(run_workers=3).resolved_run_workers("cuda", 140.4) == 3
+    assert config.scheduler.resolved_run_workers("cpu", 0.0) == 1
+    assert config.scheduler.resolved_run_workers("cuda", 23.6) == 4  # a 24 GB card keeps the old default
+    assert config.scheduler.resolved_run_workers("cuda", 79.6) == 4
+    assert config.scheduler.resolved_run_workers("cuda", 140.4) == 8  # an H200
+    assert config.scheduler.resolved_warm_workers("cuda", 140.4) == 8
+    assert SchedulerConfig(run_workers=3).resolved_run_workers("cuda", 140.4) == 3
 
 
 def test_a_negative_build_pool_is_refused():
-    with pytest.raises(ValueError, match="warm_build_workers must be 0"):
-        EvalConfig(backend="cpu", warm_build_workers=-1).check()
+    with pytest.raises(ValueError, match="build.warm_workers must be 0"):
+        EvalConfig(backend="cpu", build=BuildConfig(warm_workers=-1)).check()
 
 
 @pytest.mark.parametrize("jobs", [1, 3])
@@ -92,8 +96,8 @@ def test_a_batch_builds_up_to_jobs_at_once(tmp_path, jobs):
     code = (EXAMPLES / "solutions" / "cpu" / "level1" / "90_AddMul" / "no_modelnew.py").read_text()
     cands = [candidate_from_text(f"```python\n{code}\nVARIANT = {i}\n```", id=f"c{i}") for i in range(3)]
     seen: list[int] = []
-    config = EvalConfig(backend="cpu", jobs=jobs, timing=False, fast_build=False,
-                        cache_dir=tmp_path)  # no precompiled header: nothing here compiles
+    config = EvalConfig(backend="cpu", cache_dir=tmp_path, build=BuildConfig(jobs=jobs, fast=False),
+                        timing=TimingConfig(enabled=False))  # no precompiled header: nothing here compiles
     results = evaluate([(task, c) for c in cands], config, progress=False,
                        on_result=lambda r: seen.append(sum(t.name.startswith("build") for t in threading.enumerate())))
     assert [r.outcome.value for r in results] == ["python_error"] * 3
@@ -118,7 +122,8 @@ def test_a_session_serves_consecutive_batches_with_the_workers_it_started_once(t
 
     task = load_task_file(EXAMPLES / "tasks" / "level1" / "90_AddMul.py")
     code = (EXAMPLES / "solutions" / "cpu" / "level1" / "90_AddMul" / "no_modelnew.py").read_text()
-    config = EvalConfig(backend="cpu", jobs=1, warm_workers=1, timing=False, fast_build=False, cache_dir=tmp_path)
+    config = EvalConfig(backend="cpu", cache_dir=tmp_path, build=BuildConfig(jobs=1, fast=False),
+                        scheduler=SchedulerConfig(warm_workers=1), timing=TimingConfig(enabled=False))
     with Evaluator(config) as ev:
         first = ev.evaluate([(task, candidate_from_text(f"```python\n{code}\nSTEP = 1\n```", id="a"))])
         server = ev.workers.server

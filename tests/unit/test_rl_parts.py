@@ -68,7 +68,7 @@ def test_rewards_binary_and_speed_aware():
                           correct=outcome is Outcome.CORRECT, deceptive_kind=kind, timing=timing)
 
     binary, speed = RewardConfig(), RewardConfig(speed_bonus=0.25, speed_bonus_max=0.5)
-    assert not binary.eval_config().timing and speed.eval_config().timing  # timing only when speed counts
+    assert not binary.eval_config().timing.enabled and speed.eval_config().timing.enabled  # timing only when speed counts
     fast = result(Outcome.CORRECT, ci=[2.0, 2.6])
     assert reward_of(fast, binary) == 1.0  # DICE: binary
     assert reward_of(fast, speed) == pytest.approx(1 + 0.25 * math.log2(2.0))  # bonus from the interval's low end

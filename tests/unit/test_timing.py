@@ -239,11 +239,11 @@ def test_several_loops_share_the_limits_and_report_the_mean_of_their_medians():
     assert s.median_ms == pytest.approx(np.mean(s.loop_medians_ms)) and s.stop_reason == "max_iters"
     assert s.ci_ms[0] <= s.median_ms <= s.ci_ms[1]
     assert timing_stats.TimingSamples.from_dict(json.loads(json.dumps(s.to_dict()))) == s
-    from dice_kernels.harness import EvalConfig
+    from dice_kernels.harness import EvalConfig, TimingConfig
 
-    assert EvalConfig(timing_loops=4).timing_plan()["loops"] == 4
-    with pytest.raises(ValueError, match="timing_loops"):
-        EvalConfig(timing_loops=0).check()
+    assert EvalConfig(timing=TimingConfig(loops=4)).timing.plan()["loops"] == 4
+    with pytest.raises(ValueError, match="timing.loops"):
+        EvalConfig(timing=TimingConfig(loops=0)).check()
 
 
 def test_pooled_loops_average_a_per_loop_level_and_carry_it_in_the_interval():

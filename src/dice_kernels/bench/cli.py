@@ -88,7 +88,7 @@ def bench(
 
     from dice_kernels.bench.config import BenchConfig
     from dice_kernels.bench.run import run
-    from dice_kernels.harness import EvalConfig
+    from dice_kernels.harness import BuildConfig, EvalConfig, SandboxConfig, TimingConfig
     from dice_kernels.sampling.decoder import SamplingConfig
     from dice_kernels.tasks import TaskError
 
@@ -99,10 +99,10 @@ def bench(
         decoding = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps,
                                   strategy=strategy, threshold=threshold, temperature=temperature, top_k=top_k,
                                   top_p=top_p, seed=seed, cuda_graphs=cuda_graphs)
-        evaluation = EvalConfig(backend=backend, trials=trials, timing=timing, compile_baseline=compile_baseline,
-                                run_timeout_s=timeout, compile_timeout_s=compile_timeout)
-        if jobs:
-            evaluation = replace(evaluation, jobs=jobs)
+        evaluation = EvalConfig(backend=backend, trials=trials,
+                                timing=TimingConfig(enabled=timing, compile_baseline=compile_baseline),
+                                sandbox=SandboxConfig(run_timeout_s=timeout),
+                                build=BuildConfig(timeout_s=compile_timeout, **({"jobs": jobs} if jobs else {})))
         if cache_dir:
             evaluation = replace(evaluation, cache_dir=cache_dir)
         cfg = BenchConfig(out=out or Path("runs") / f"bench-{datetime.now():%Y%m%d-%H%M%S}", checkpoint=checkpoint,

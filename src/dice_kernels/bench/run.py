@@ -14,7 +14,6 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -74,7 +73,7 @@ def record_run(cfg: BenchConfig, command: str) -> dict:
     cfg.out.mkdir(parents=True, exist_ok=True)
     info.setdefault("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     info.update({"generation": settings, "samples": cfg.samples,
-                 "tasks": str(cfg.tasks or EXAMPLE_TASKS), "eval": {k: str(v) for k, v in asdict(cfg.eval).items()},
+                 "tasks": str(cfg.tasks or EXAMPLE_TASKS), "eval": {k: str(v) for k, v in cfg.eval.settings().items()},
                  "software": _software(), "generation_hardware": _generation_hardware(cfg.device),
                  "command": command})
     path.write_text(json.dumps(info, indent=1))

@@ -149,8 +149,8 @@ def split_stage(records: list[PairRecord]) -> tuple[list[PairRecord], list[Decis
 
 def _eval_settings(eval_cfg) -> dict:
     # what changes with the machine, not the result, stays out of the fingerprint
-    machine = ("jobs", "cache_dir", "run_workers", "memory_limit_gb")
-    return {k: v for k, v in asdict(eval_cfg).items() if k not in machine}
+    machine = ("build.jobs", "cache_dir", "scheduler.run_workers", "sandbox.memory_limit_gb")
+    return {k: v for k, v in eval_cfg.settings().items() if k not in machine}
 
 
 def _import_results(db: Path, sources: tuple[Path, ...], log: Callable[[str], None]) -> int:

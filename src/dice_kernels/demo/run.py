@@ -129,7 +129,7 @@ def stage_bench(cfg: DemoConfig, checkpoint: Path, files: WorldFiles, arm: str) 
     """`dice bench` of one checkpoint on the held-out tasks: greedy, DICE's decoding, the harness with timing."""
     from dice_kernels.bench.config import BenchConfig
     from dice_kernels.bench.run import run as bench_run
-    from dice_kernels.harness import EvalConfig
+    from dice_kernels.harness import EvalConfig, TimingConfig
     from dice_kernels.sampling.decoder import SamplingConfig
 
     out = cfg.out / "bench" / arm
@@ -140,7 +140,7 @@ def stage_bench(cfg: DemoConfig, checkpoint: Path, files: WorldFiles, arm: str) 
                         samples=b.samples, batch_size=64, dtype="float32",
                         decoding=SamplingConfig(max_new_tokens=b.max_new_tokens, block_size=4, steps=4,
                                                 strategy="static", temperature=0.0),
-                        eval=EvalConfig(backend=cfg.backend, timing_max_s=1.0))
+                        eval=EvalConfig(backend=cfg.backend, timing=TimingConfig(max_s=1.0)))
     return bench_run(bench, command=f"dice demo ({arm})", progress=cfg.progress, echo=lambda m: None)
 
 

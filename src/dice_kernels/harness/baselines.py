@@ -28,12 +28,12 @@ def baseline_key(task_sha256: str, machine: str, cfg: EvalConfig) -> str:
     """Everything a reference's timing depends on: the task's code, the machine and software (`machine`, e.g.
     "cuda|NVIDIA H200|torch 2.11.0"), the harness version and every setting that changes what is timed or how.
     Machine-only settings (jobs, cache_dir, worker counts) are left out: they change nothing measured."""
-    measured = {"warmup": cfg.warmup, "timing_iters": cfg.timing_iters, "timing_max_s": cfg.timing_max_s,
-                "timing_target_ci": cfg.timing_target_ci, "seed": cfg.seed, "trials": cfg.trials,
-                "cpu_threads": cfg.cpu_threads, "compile_baseline": cfg.compile_baseline,
-                "speed_of_light": cfg.speed_of_light,
+    measured = {"warmup": cfg.timing.warmup, "timing_iters": cfg.timing.iters, "timing_max_s": cfg.timing.max_s,
+                "timing_target_ci": cfg.timing.target_ci, "seed": cfg.seed, "trials": cfg.trials,
+                "cpu_threads": cfg.scheduler.cpu_threads, "compile_baseline": cfg.timing.compile_baseline,
+                "speed_of_light": cfg.timing.speed_of_light,
                 # only when set, so the baselines cached before the setting existed keep their keys
-                **({"timing_loops": cfg.timing_loops} if cfg.timing_loops != 1 else {}),
+                **({"timing_loops": cfg.timing.loops} if cfg.timing.loops != 1 else {}),
                 **({"inputs_on_device": True} if cfg.inputs_on_device else {})}
     text = json.dumps({"task": task_sha256, "machine": machine, "harness": __version__, "settings": measured},
                       sort_keys=True)

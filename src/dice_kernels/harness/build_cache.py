@@ -1,7 +1,7 @@
 """The content-addressed build cache: a candidate's extensions are built once per (harness, torch, backend, arch,
 code) by a sandboxed build worker (build_worker.py) and reused by every run and later batch that needs them.
 `BuildAcceleration` is the one interface to the build speed-ups (build_speed.py: precompiled headers, spare-time
-headers, lighter CUDA headers); `EvalConfig.fast_build=False` turns every one of them off."""
+headers, lighter CUDA headers); `BuildConfig.fast=False` (`--no-build-fast`) turns every one of them off."""
 
 from __future__ import annotations
 
@@ -60,13 +60,13 @@ class Build:
 
 
 class BuildAcceleration:
-    """Build speed-ups for a batch, behind one switch (`EvalConfig.fast_build`): `start(codes)` plans the
+    """Build speed-ups for a batch, behind one switch (`build.fast`): `start(codes)` plans the
     precompiled headers the batch's uncached programs need and builds them in the background, `job_fields()` is
     what a build job needs to use them, `finish()` ends a batch (a spare-time header not done is abandoned).
     Nothing here changes what a candidate's code means (build_speed.py)."""
 
     def __init__(self, config: EvalConfig, platform: Platform):
-        self.enabled, self.cache_dir, self.cuda = config.fast_build, config.cache_dir, platform.backend == "cuda"
+        self.enabled, self.cache_dir, self.cuda = config.build.fast, config.cache_dir, platform.backend == "cuda"
         self.pch: dict[str, str] = {}  # build_speed.planned_pch: headers build workers may use
         self.pch_light: dict[str, str] = {}  # the same for the light header
         self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
@@ -142,7 +142,7 @@ class BuildCache:
                          m.get("shortcuts", []))
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
-        timeout_s = self.config.compile_timeout_s
+        timeout_s = self.config.build.timeout_s
 
         def job(workdir: Path) -> BuildJob:
             return BuildJob(workdir=str(workdir), device=self.platform.backend,

@@ -29,7 +29,7 @@ MEMORY_ERROR_PATTERNS = re.compile(
     r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
     r"unspecified launch failure|CUBLAS_STATUS_ALLOC_FAILED|"
     r"std::bad_alloc|Cannot allocate memory|MemoryError", re.IGNORECASE)
-# the host's memory, not the device's: a worker over its --memory-limit-gb (RLIMIT_AS) or the machine's
+# the host's memory, not the device's: a worker over its --sandbox-memory-limit-gb (RLIMIT_AS) or the machine's
 HOST_MEMORY_PATTERNS = re.compile(r"std::bad_alloc|Cannot allocate memory|can't allocate memory|MemoryError|"
                                   r"DefaultCPUAllocator", re.IGNORECASE)
 _MAX_ERROR = 4000

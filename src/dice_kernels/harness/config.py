@@ -1,16 +1,19 @@
-"""`EvalConfig`: every knob of one evaluation run, in one typed place (the CLI only fills it in), checked when it
-is made (a setting with no meaning is a ValueError naming its field, never a verdict) and frozen after. Machine-
-dependent defaults (builds in flight, host memory per worker) come from the machine, never above what it has."""
+"""`EvalConfig`: every knob of one evaluation run, in one typed place (the CLI only fills it in), nested by owner:
+the correctness check itself, then `timing`, `sandbox`, `build`, `robust` and `scheduler` sections. Each section is
+frozen and checked when it is made (a setting with no meaning is a ValueError naming its dotted path, never a
+verdict). A knob has one name: its path (`timing.iters`) is its flag (`--timing-iters`) and its stored setting.
+Machine-dependent defaults (builds in flight, host memory per worker) come from the machine, never above what it has."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 from pathlib import Path
 
 # ATen ops a ModelNew.forward may dispatch without counting as a PyTorch fallback: allocation, views and shape
 # manipulation, copies and dtype/device moves (what a wrapper around a custom kernel needs). Everything else that
-# reaches ATen is PyTorch doing the work. Extend per run with `EvalConfig.allowed_ops`.
+# reaches ATen is PyTorch doing the work. Extend per run with `RobustConfig.allow_ops`.
 ALLOWED_OPS: tuple[str, ...] = (
     # allocation and filling
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
@@ -52,27 +55,49 @@ def default_memory_limit_gb() -> float:
     return 32.0 if total is None else max(0.5, min(32.0, round(total / 2 * 2) / 2))
 
 
-SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # EvalConfig.speed_of_light
-BASELINE_MODES = ("reuse", "fresh", "off")  # EvalConfig.baselines
+SPEED_OF_LIGHT_MODES = ("cuda", "always", "off")  # TimingConfig.speed_of_light
+BASELINE_MODES = ("reuse", "fresh", "off")  # TimingConfig.baselines
 BIG_GPU_GIB = 128  # a GPU with this much memory or more (an H200: 140) gets 8 run workers by default, others 4
+
+_at_least = lambda low: (lambda v: v >= low)  # noqa: E731
+_positive = lambda v: v > 0  # noqa: E731
+_fraction = lambda v: 0 <= v <= 1  # noqa: E731
+
+
+def _check(section: object, rules: tuple) -> None:
+    """Raise ValueError naming the first field of `section` whose value has no meaning; the message starts with
+    the field's dotted path (the CLI turns it into its flag)."""
+    for name, ok, want in rules:
+        value = getattr(section, name)
+        if not ok(value):
+            raise ValueError(f"{_path(section, name)} must be {want}, not {value!r}")
+
+
+def _path(section: object, name: str) -> str:
+    return f"{section.SECTION}.{name}" if getattr(section, "SECTION", "") else name
+
+
+def _within_machine(section: object, name: str) -> None:
+    """A host-memory setting above the machine's memory is refused: beyond it the kernel's OOM killer, not the
+    harness, would stop a worker."""
+    total, value = total_memory_gib(), getattr(section, name)
+    if total is not None and value > total:
+        raise ValueError(f"{_path(section, name)} must be at most this machine's memory ({total:.1f} GiB), not "
+                         f"{value:g}: beyond it the kernel's OOM killer, not the harness, would stop a worker")
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    backend: str = "auto"  # "cuda", "cpu", or "auto" (cuda when a GPU is present)
-    trials: int = 5  # correctness trials, each with freshly seeded inputs
-    atol: float = 1e-2
-    rtol: float = 1e-2
-    seed: int = 42
-    timing: bool = True  # measure candidate and reference runtime for correct candidates
-    # timing protocol (harness/timing.py): at least `timing_iters` timed calls and 0.1 s, then until the median's
-    # 95% CI is within `timing_target_ci` of it, never past `timing_max_s` per model
+class TimingConfig:
+    """How correct candidates and references are timed (harness/timing.py, docs/timing.md): at least `iters` timed
+    calls and 0.1 s, then until the median's 95% CI is within `target_ci` of it, never past `max_s` per model."""
+    SECTION: ClassVar[str] = "timing"
+    enabled: bool = True  # measure candidate and reference runtime for correct candidates
     warmup: int = 3
-    timing_iters: int = 20
-    timing_max_s: float = 2.0
-    timing_target_ci: float = 0.01
+    iters: int = 20
+    max_s: float = 2.0
+    target_ci: float = 0.01
     # independent timing loops per model, the reported time the mean of their medians (timing.TimingPlan.loops)
-    timing_loops: int = 1
+    loops: int = 1
     # also time torch.compile(Model) in each task's reference worker and report speedups and fast_p against it
     # (KernelBench's second baseline); off by default: compiling costs seconds to minutes per task
     compile_baseline: bool = False
@@ -89,11 +114,115 @@ class EvalConfig:
     # "reuse" a cached one (the reference still runs, untimed, for its outputs) or measure and cache it; "fresh":
     # measure again and replace the cached one; "off": measure, cache nothing
     baselines: str = "reuse"
+
+    def __post_init__(self) -> None:
+        _check(self, (
+            ("warmup", _at_least(0), "0 or more"),
+            ("iters", _at_least(1), "at least 1"),
+            ("max_s", _positive, "more than 0"),
+            ("target_ci", lambda v: 0 < v < 1, "a fraction between 0 and 1"),
+            ("loops", _at_least(1), "at least 1"),
+            ("speed_of_light", lambda v: v in SPEED_OF_LIGHT_MODES, f"one of {', '.join(SPEED_OF_LIGHT_MODES)}"),
+            ("sol_slack", _positive, "more than 0"),
+            ("baselines", lambda v: v in BASELINE_MODES, f"one of {', '.join(BASELINE_MODES)}"),
+        ))
+
+    def resolved_speed_of_light(self, backend: str) -> bool:
+        return self.enabled and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
+
+    def plan(self, lead_ms: float | None = None) -> dict:
+        """The `timing.TimingPlan` fields every run worker times with; a candidate gets its reference's GPU lead
+        (`lead_ms`), the reference sizes its own (None)."""
+        return {"warmup": self.warmup, "min_iters": self.iters, "max_iters": max(self.iters, 2000),
+                "min_time_s": min(0.1, self.max_s), "max_time_s": self.max_s, "target_rel_ci": self.target_ci,
+                "lead_ms": lead_ms, "loops": self.loops}
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """The limits every worker runs under (harness/sandbox.py): wall clock, host memory, file size, network and
+    writes outside its own directories."""
+    SECTION: ClassVar[str] = "sandbox"
+    run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
+    # ...or this many times its task's reference run, when longer: a candidate does what the reference did (the
+    # same trials, outputs of the same size) plus the checks, so a task whose reference needs minutes (multi-GiB
+    # outputs) must not time out every candidate, honest ones included
+    run_timeout_reference_factor: float = 3.0
+    # host memory per worker process (KernelBench inputs reach several GiB): default_memory_limit_gb()
+    memory_limit_gb: float = field(default_factory=default_memory_limit_gb)
+    file_limit_mb: int = 4096  # largest file a worker may write
+    isolate_network: bool = True
+    restrict_writes: bool = True  # Landlock: a worker may write only inside its own directories
+
+    def __post_init__(self) -> None:
+        _check(self, (
+            ("run_timeout_s", _positive, "more than 0"),
+            ("run_timeout_reference_factor", _at_least(0), "0 or more"),
+            ("memory_limit_gb", _positive, "more than 0"),
+            ("file_limit_mb", _at_least(1), "at least 1"),
+        ))
+        _within_machine(self, "memory_limit_gb")
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        return int(self.memory_limit_gb * (1 << 30))
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """How candidates' extensions are compiled (harness/build_cache.py, build_speed.py)."""
+    SECTION: ClassVar[str] = "build"
     # builds in flight, 1.25 a core: a cold build compiles one unit while its main.cpp waits for the precompiled
     # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
     # 20 for 16 cores, and forked workers, a 20-build batch finished 10-20 % sooner on the H200
     # (an A/B at `492d3be`; before forked workers, 1.5 a core had been 4-6 % slower)
     jobs: int = max(1, (os.cpu_count() or 2) * 5 // 4)
+    timeout_s: float = 600.0  # wall clock for one candidate's build
+    # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
+    # core never slow the run workers' trials and timing; 0: same priority
+    nice: int = 10
+    # build_speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
+    # retry on the candidate's own sources); neither changes what a candidate's code means
+    fast: bool = True
+    # build workers started ahead of their job (at `nice`), for the builds that start once the first `jobs` are
+    # under way: at most this many, and none for a batch with no more than `jobs` to build
+    warm_workers: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self, (
+            ("jobs", _at_least(1), "at least 1"),
+            ("timeout_s", _positive, "more than 0"),
+            ("nice", lambda v: 0 <= v <= 19, "between 0 and 19"),
+            ("warm_workers", _at_least(0), "0 (none) or more"),
+        ))
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """The robust check (docs/robust_check.md): correct candidates caught by an integrity check become
+    `deceptive`."""
+    SECTION: ClassVar[str] = "robust"
+    enabled: bool = True
+    # ATen ops forward may dispatch without being a PyTorch fallback, beyond ALLOWED_OPS (e.g. aten::mm)
+    allow_ops: tuple[str, ...] = ()
+    min_extension_gpu_share: float = 0.25  # CUDA: least share of forward's GPU time in the extension's kernels
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allow_ops", tuple(self.allow_ops))
+        _check(self, (
+            ("allow_ops", lambda v: all(op.startswith("aten::") for op in v), "ATen op names such as aten::mm"),
+            ("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),
+        ))
+
+    @property
+    def allowed_ops(self) -> tuple[str, ...]:
+        return (*ALLOWED_OPS, *self.allow_ops)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How many workers run at once and how they start; none of it changes what a candidate gets."""
+    SECTION: ClassVar[str] = "scheduler"
     # concurrent run workers (timing is still one at a time); 0: 1 on cpu; on cuda 4, or 8 on a GPU of
     # BIG_GPU_GIB or more (builds that end together leave their runs queued behind 4, among them the profiler's
     # start-up, seconds of one core per correct kernel; each worker holds its task's tensors on the GPU, so
@@ -102,46 +231,92 @@ class EvalConfig:
     # worker processes started ahead of their job, so a job does not wait for `import torch`; each still runs
     # exactly one job. -1: as many as run workers; 0: start each worker when its job comes
     warm_workers: int = -1
-    # build workers started ahead of their job likewise (at build_nice), for the builds that start once the
-    # first `jobs` are under way: at most this many, and none for a batch with no more than `jobs` to build
-    warm_build_workers: int = 4
     # fork every worker from one process that imported torch once (forkserver.py) instead of starting a fresh
     # interpreter that imports it (1.5 s of a core or more each); every worker is still a new process
     fork_workers: bool = True
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
-    # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
-    # core never slow the run workers' trials and timing; 0: same priority
-    build_nice: int = 10
-    compile_timeout_s: float = 600.0
-    run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
-    # ...or this many times its task's reference run, when longer: a candidate does what the reference did (the
-    # same trials, outputs of the same size) plus the checks, so a task whose reference needs minutes (multi-GiB
-    # outputs) must not time out every candidate, honest ones included
-    run_timeout_reference_factor: float = 3.0
-    # CUDA: run the task's get_inputs() with the GPU as torch's default device, so torch.randn & co. fill GPU
-    # memory directly (worker._generated_inputs; falls back to the CPU where get_inputs cannot run that way)
-    inputs_on_device: bool = True
-    # host memory per worker process (KernelBench inputs reach several GiB): default_memory_limit_gb()
-    memory_limit_gb: float = field(default_factory=default_memory_limit_gb)
     # host memory this process may hold for tasks' outputs: a task's reference trials and its candidates' frames in
     # flight (harness/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
     # nowhere runs alone. 0: half the memory available when the run starts
     output_memory_gb: float = 0.0
-    file_limit_mb: int = 4096  # largest file a worker may write
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    # build_speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
-    # retry on the candidate's own sources); neither changes what a candidate's code means
-    fast_build: bool = True
-    isolate_network: bool = True
-    restrict_writes: bool = True  # Landlock: a worker may write only inside its own directories
-    # robust check (docs/robust_check.md): correct candidates caught by an integrity check become `deceptive`
-    robust: bool = True
-    allowed_ops: tuple[str, ...] = ALLOWED_OPS  # ATen ops forward may dispatch without being a PyTorch fallback
-    min_extension_gpu_share: float = 0.25  # CUDA: least share of forward's GPU time in the extension's kernels
 
-    @property
-    def memory_limit_bytes(self) -> int:
-        return int(self.memory_limit_gb * (1 << 30))
+    def __post_init__(self) -> None:
+        _check(self, (
+            ("run_workers", _at_least(0), "0 (automatic) or more"),
+            ("warm_workers", _at_least(-1), "-1 (as many as run workers), 0 (none) or more"),
+            ("cpu_threads", _at_least(1), "at least 1"),
+            ("output_memory_gb", _at_least(0), "0 (half of what is available) or more"),
+        ))
+        _within_machine(self, "output_memory_gb")
+
+    def resolved_run_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
+        if self.run_workers > 0:
+            return self.run_workers
+        if backend != "cuda":
+            return 1
+        return 8 if gpu_memory_gib >= BIG_GPU_GIB else 4
+
+    def resolved_warm_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
+        return self.resolved_run_workers(backend, gpu_memory_gib) if self.warm_workers < 0 else self.warm_workers
+
+
+SECTIONS = {"timing": TimingConfig, "sandbox": SandboxConfig, "build": BuildConfig, "robust": RobustConfig,
+            "scheduler": SchedulerConfig}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation run: the correctness check's own settings, then one section per owner."""
+    backend: str = "auto"  # "cuda", "cpu", or "auto" (cuda when a GPU is present)
+    trials: int = 5  # correctness trials, each with freshly seeded inputs
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    seed: int = 42
+    # CUDA: run the task's get_inputs() with the GPU as torch's default device, so torch.randn & co. fill GPU
+    # memory directly (worker._generated_inputs; falls back to the CPU where get_inputs cannot run that way)
+    inputs_on_device: bool = True
+    # the build cache, shared across runs; baselines.sqlite and the machine's ceilings live beside the builds
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        for name, cls in SECTIONS.items():  # a section given as something else is a caller's bug, said plainly
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"EvalConfig.{name} must be a {cls.__name__}, not {type(getattr(self, name)).__name__}")
+        _check(self, (
+            ("backend", lambda v: v in ("auto", "cpu", "cuda"), "'cpu', 'cuda' or 'auto'"),
+            ("trials", _at_least(1), "at least 1 (with no trial, nothing is compared)"),
+            ("atol", _at_least(0), "0 or more"),
+            ("rtol", _at_least(0), "0 or more"),
+        ))
+
+    @classmethod
+    def from_settings(cls, values: dict[str, object]) -> EvalConfig:
+        """The config of `{dotted path: value}` (`{"timing.iters": 5, "trials": 2}`); paths not given keep their
+        defaults. A section's ValueError names its path."""
+        top = {k: v for k, v in values.items() if "." not in k}
+        nested: dict[str, dict] = {name: {} for name in SECTIONS}
+        for key, value in values.items():
+            if "." in key:
+                section, name = key.split(".", 1)
+                nested[section][name] = value
+        return cls(**top, **{name: SECTIONS[name](**kw) for name, kw in nested.items()})
+
+    def settings(self) -> dict[str, object]:
+        """Every setting by its dotted path, the way a run stores them (`str` of each value)."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECTIONS:
+                out.update({f"{f.name}.{g.name}": getattr(value, g.name) for g in fields(value)})
+            else:
+                out[f.name] = value
+        return out
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -149,25 +324,6 @@ class EvalConfig:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def resolved_speed_of_light(self, backend: str) -> bool:
-        return self.timing and (self.speed_of_light == "always" or (self.speed_of_light == "cuda" and backend == "cuda"))
-
-    def __post_init__(self) -> None:
-        """Raise ValueError naming the first field whose value has no meaning (the message starts with the field's
-        name: the CLI turns it into its flag), so no verdict can depend on an invalid setting."""
-        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
-        object.__setattr__(self, "allowed_ops", tuple(self.allowed_ops))
-        for name, ok, want in _RULES:
-            value = getattr(self, name)
-            if not ok(value):
-                raise ValueError(f"{name} must be {want}, not {value!r}")
-        total = total_memory_gib()
-        for name in ("memory_limit_gb", "output_memory_gb"):
-            if total is not None and getattr(self, name) > total:
-                raise ValueError(f"{name} must be at most this machine's memory ({total:.1f} GiB), not "
-                                 f"{getattr(self, name):g}: beyond it the kernel's OOM killer, not the harness, "
-                                 "would stop a worker")
 
     def check(self) -> None:
         """Raise ValueError when the machine cannot run this configuration (a CUDA backend without a GPU); the
@@ -181,60 +337,17 @@ class EvalConfig:
 
     def differences(self, stored: dict[str, str]) -> list[str]:
         """The settings that decide verdicts (everything but SCHEDULING) on which this config differs from
-        `stored` (a run's saved `{field: str(value)}`), as "field: stored -> now"; fields `stored` lacks are
-        not compared (a run an older version recorded)."""
-        return [f"{f.name}: {stored[f.name]} -> {getattr(self, f.name)}" for f in fields(self)
-                if f.name not in SCHEDULING and f.name in stored and stored[f.name] != str(getattr(self, f.name))]
+        `stored` (a run's saved `settings()`, as strings), as "path: stored -> now". Paths `stored` lacks are not
+        compared (settings added since the run was recorded); see `unknown_settings` for names it has and we lack."""
+        now = {k: str(v) for k, v in self.settings().items()}
+        return [f"{k}: {stored[k]} -> {now[k]}" for k in now if k not in SCHEDULING and k in stored and stored[k] != now[k]]
 
-    def resolved_run_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
-        if self.run_workers > 0:
-            return self.run_workers
-        if backend != "cuda":
-            return 1
-        return 8 if gpu_memory_gib >= BIG_GPU_GIB else 4
-
-    def resolved_warm_workers(self, backend: str, gpu_memory_gib: float = 0.0) -> int:
-        return self.resolved_run_workers(backend, gpu_memory_gib) if self.warm_workers < 0 else self.warm_workers
-
-    def timing_plan(self, lead_ms: float | None = None) -> dict:
-        """The `timing.TimingPlan` fields every run worker times with; a candidate gets its reference's GPU lead
-        (`lead_ms`), the reference sizes its own (None)."""
-        return {"warmup": self.warmup, "min_iters": self.timing_iters, "max_iters": max(self.timing_iters, 2000),
-                "min_time_s": min(0.1, self.timing_max_s), "max_time_s": self.timing_max_s,
-                "target_rel_ci": self.timing_target_ci, "lead_ms": lead_ms, "loops": self.timing_loops}
+    def unknown_settings(self, stored: dict[str, str]) -> list[str]:
+        """The names in a run's saved settings that are no setting now: a run recorded before the settings were
+        nested by owner (`timing_iters`, not `timing.iters`), whose verdicts cannot be checked against these."""
+        return sorted(set(stored) - set(self.settings()))
 
 
 # settings that change how fast a run goes, never what a candidate gets: a resumed run may change them
-SCHEDULING = frozenset({"jobs", "run_workers", "warm_workers", "warm_build_workers", "fork_workers", "build_nice",
-                        "cache_dir", "fast_build", "baselines", "output_memory_gb", "cpu_threads"})
-
-_at_least = lambda low: (lambda v: v >= low)  # noqa: E731
-_positive = lambda v: v > 0  # noqa: E731
-# (field, test, what it must be) for every value that can be out of range
-_RULES = (
-    ("backend", lambda v: v in ("auto", "cpu", "cuda"), "'cpu', 'cuda' or 'auto'"),
-    ("trials", _at_least(1), "at least 1 (with no trial, nothing is compared)"),
-    ("atol", _at_least(0), "0 or more"),
-    ("rtol", _at_least(0), "0 or more"),
-    ("warmup", _at_least(0), "0 or more"),
-    ("timing_iters", _at_least(1), "at least 1"),
-    ("timing_max_s", _positive, "more than 0"),
-    ("timing_target_ci", lambda v: 0 < v < 1, "a fraction between 0 and 1"),
-    ("timing_loops", _at_least(1), "at least 1"),
-    ("speed_of_light", lambda v: v in SPEED_OF_LIGHT_MODES, f"one of {', '.join(SPEED_OF_LIGHT_MODES)}"),
-    ("sol_slack", _positive, "more than 0"),
-    ("baselines", lambda v: v in BASELINE_MODES, f"one of {', '.join(BASELINE_MODES)}"),
-    ("jobs", _at_least(1), "at least 1"),
-    ("run_workers", _at_least(0), "0 (automatic) or more"),
-    ("warm_workers", _at_least(-1), "-1 (as many as run workers), 0 (none) or more"),
-    ("warm_build_workers", _at_least(0), "0 (none) or more"),
-    ("cpu_threads", _at_least(1), "at least 1"),
-    ("build_nice", lambda v: 0 <= v <= 19, "between 0 and 19"),
-    ("compile_timeout_s", _positive, "more than 0"),
-    ("run_timeout_s", _positive, "more than 0"),
-    ("run_timeout_reference_factor", _at_least(0), "0 or more"),
-    ("memory_limit_gb", _positive, "more than 0"),
-    ("output_memory_gb", _at_least(0), "0 (half of what is available) or more"),
-    ("file_limit_mb", _at_least(1), "at least 1"),
-    ("min_extension_gpu_share", lambda v: 0 <= v <= 1, "a fraction between 0 and 1"),
-)
+SCHEDULING = frozenset({"cache_dir", "timing.baselines", "build.jobs", "build.nice", "build.fast",
+                        "build.warm_workers", *(f"scheduler.{f.name}" for f in fields(SchedulerConfig))})

@@ -22,7 +22,7 @@ class Metrics:
     exec_before_robust: float = 0.0  # fraction whose outputs passed the comparison, deceptive or not
     deceptive_kinds: dict[str, int] = field(default_factory=dict)  # robust check: count per sub-kind
     degenerate_tasks: int = 0  # distinct tasks where a trivial output passes (degenerate.degenerate_flags)
-    # the same fractions against torch.compile(Model), when the run timed that baseline (EvalConfig.compile_baseline)
+    # the same fractions against torch.compile(Model), when the run timed that baseline (timing.compile_baseline)
     fast_vs_compile: dict[str, float] = field(default_factory=dict)
     # fast_p as papers report it: the point estimate above p, whatever its interval (for comparison only)
     fast_point: dict[str, float] = field(default_factory=dict)

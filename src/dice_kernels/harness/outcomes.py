@@ -12,7 +12,7 @@ class Outcome(str, Enum):
     COMPILE_ERROR = "compile_error"  # nvcc / C++ / ninja failure inside load_inline or load
     PYTHON_ERROR = "python_error"  # syntax, import, missing ModelNew, wrong signature, sys.exit
     CUDA_MEMORY_ERROR = "cuda_memory_error"  # illegal address, misaligned access, out of memory on the device
-    MEMORY_ERROR = "memory_error"  # host memory: over the worker's --memory-limit-gb, or killed by the OOM killer
+    MEMORY_ERROR = "memory_error"  # host memory: over the worker's --sandbox-memory-limit-gb, or killed by the OOM killer
     RUNTIME_ERROR = "runtime_error"  # other exceptions in forward, crashes (signals), silent exits
     TIMEOUT = "timeout"
     SHAPE_MISMATCH = "shape_mismatch"

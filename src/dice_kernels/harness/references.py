@@ -56,8 +56,8 @@ class Reference:
 def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: CeilingsCache,
             baseline_cached: bool) -> Callable[[Path], RunJob]:
     """The job of a reference run in `workdir`."""
-    part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.compile_baseline,
-                         speed_of_light=config.resolved_speed_of_light(platform.backend),
+    part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.timing.compile_baseline,
+                         speed_of_light=config.timing.resolved_speed_of_light(platform.backend),
                          ceilings_known=tuple(sorted(ceilings.known)))
     return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None,
                                                       reference_hardened(config)), reference=part)
@@ -66,7 +66,7 @@ def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: 
 def reference_hardened(config: EvalConfig) -> tuple[int, ...]:
     """The hardened trials a reference runs after the usual ones: all of them with the robust check on (what
     decides its degenerate tasks), none without."""
-    return tuple(range(HARDENED_TRIALS)) if config.robust else ()
+    return tuple(range(HARDENED_TRIALS)) if config.robust.enabled else ()
 
 
 def common_run_fields(config: EvalConfig, platform: Platform, workers: Workers, workdir: Path,
@@ -76,12 +76,12 @@ def common_run_fields(config: EvalConfig, platform: Platform, workers: Workers, 
     return dict(workdir=str(workdir), device=platform.backend, limits=workers.limits(workdir),
                 task_path=str(workdir / "task.py"), seed=config.seed, trials=config.trials + len(hardened),
                 hardened=hardened, atol=config.atol,
-                rtol=config.rtol, timing=config.timing, timing_plan=config.timing_plan(lead_ms),
+                rtol=config.rtol, timing=config.timing.enabled, timing_plan=config.timing.plan(lead_ms),
                 gpu_lock=workers.gpu_lock, inputs_on_device=config.inputs_on_device and platform.backend == "cuda")
 
 
 class ReferenceRunner:
-    """Runs references and keeps their baselines (EvalConfig.baselines) and this machine's ceilings."""
+    """Runs references and keeps their baselines (timing.baselines) and this machine's ceilings."""
 
     def __init__(self, config: EvalConfig, platform: Platform, workers: Workers):
         self.config, self.platform, self.workers = config, platform, workers
@@ -89,19 +89,19 @@ class ReferenceRunner:
         self.baselines = BaselineStore(config.cache_dir / "baselines.sqlite")
 
     def reference(self, task: Task, admit: Callable[[int], None] | None = None) -> Reference:
-        """Run the task's Model for its outputs, and time it unless its baseline is cached (EvalConfig.baselines).
+        """Run the task's Model for its outputs, and time it unless its baseline is cached (timing.baselines).
         `admit` sees the size of its first frame of outputs and may defer the task (`Reference.deferred_need`)."""
         start = time.monotonic()
         cfg = self.config
         too_big = self.inputs_over_limits(task)
         if too_big:  # reported before a worker could run out of memory on it
             return Reference(None, None, too_big)
-        key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing else ""
+        key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing.enabled else ""
         cached = self._cached_baseline(key)
 
         def run() -> tuple[dict, list | None]:
             job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None)
-            return self.workers.run(job, task.code, None, run_timeout_s=cfg.run_timeout_s, admit=admit)
+            return self.workers.run(job, task.code, None, run_timeout_s=cfg.sandbox.run_timeout_s, admit=admit)
 
         res, outputs = run()
         if res.get("status") == "deferred":
@@ -136,32 +136,32 @@ class ReferenceRunner:
         from get_inputs), with the numbers and the flag to change; "" when they may fit."""
         need = min_input_bytes(task.code)
         on_gpu = self.platform.backend == "cuda" and self.config.inputs_on_device
-        room = self.platform.gpu_memory_gib * (1 << 30) if on_gpu else self.config.memory_limit_bytes
+        room = self.platform.gpu_memory_gib * (1 << 30) if on_gpu else self.config.sandbox.memory_limit_bytes
         if not need or not room or need <= room:
             return ""
         where = (f"the GPU's {self.platform.gpu_memory_gib:g} GiB (--no-inputs-on-device makes them in host memory)"
-                 if on_gpu else f"the {self.config.memory_limit_gb:g} GiB a worker may hold (--memory-limit-gb; this "
+                 if on_gpu else f"the {self.config.sandbox.memory_limit_gb:g} GiB a worker may hold (--sandbox-memory-limit-gb; this "
                  f"machine has {total_memory_gib() or 0:.1f} GiB)")
         return (f"{MEMORY_ERROR.value}: its inputs alone take {need / 2**30:.1f} GiB (get_inputs), more than {where}; "
                 "not run")
 
     def _measured_baseline(self, key: str, task: Task, res: dict) -> Baseline:
-        """The baseline a timed reference run reported; stored for later runs unless EvalConfig.baselines is "off"
+        """The baseline a timed reference run reported; stored for later runs unless timing.baselines is "off"
         or the timed loop could not have the device alone."""
         sol = dict(res.get("speed_of_light") or {})
         if "ceilings" in sol:
             self.ceilings.remember(sol["dtype"], sol.pop("ceilings"))
         measured = Baseline({**timing_fields(res), "time_ms": res.get("time_ms")}, res.get("compile_baseline") or {},
                             sol)
-        if key and self.config.baselines != "off" and measured.timing.get("device_exclusive") is not False:
+        if key and self.config.timing.baselines != "off" and measured.timing.get("device_exclusive") is not False:
             self.baselines.put(key, task.sha256, self.ceilings.key(), measured)
         return measured
 
     def _cached_baseline(self, key: str) -> Baseline | None:
-        """The task's cached baseline when the run may reuse one: not with EvalConfig.baselines "fresh" or "off",
+        """The task's cached baseline when the run may reuse one: not with timing.baselines "fresh" or "off",
         and not when the speed-of-light bound would need this machine's ceilings for a dtype not cached yet (a
         fresh reference run measures them)."""
-        if not key or self.config.baselines != "reuse":
+        if not key or self.config.timing.baselines != "reuse":
             return None
         cached = self.baselines.get(key)
         if cached is None or not cached.timing.get("time_ms"):
@@ -176,9 +176,9 @@ class Deferred(Exception):
 
 
 def output_budget_bytes(config: EvalConfig) -> int:
-    """EvalConfig.output_memory_gb, or half the memory available now (no limit where the OS does not say)."""
-    if config.output_memory_gb > 0:
-        return int(config.output_memory_gb * (1 << 30))
+    """scheduler.output_memory_gb, or half the memory available now (no limit where the OS does not say)."""
+    if config.scheduler.output_memory_gb > 0:
+        return int(config.scheduler.output_memory_gb * (1 << 30))
     available = sandbox.available_memory_bytes()
     return available // 2 if available is not None else sys.maxsize
 

@@ -68,8 +68,8 @@ class Evaluator:
         timed with the reference's GPU lead, and it may send what the reference did (or its own memory limit)."""
         cfg = self.config
         part = CandidatePart(candidate_path="", build_dir=str(b.dir) if b.dir else None,
-                             allowed_ops=tuple(cfg.allowed_ops) if cfg.robust else None,
-                             min_extension_gpu_share=cfg.min_extension_gpu_share)
+                             allowed_ops=tuple(cfg.robust.allowed_ops) if cfg.robust.enabled else None,
+                             min_extension_gpu_share=cfg.robust.min_extension_gpu_share)
 
         def job(workdir: Path) -> RunJob:
             fields = common_run_fields(cfg, self.platform, self.workers, workdir, ref.timing.get("lead_ms"),
@@ -77,11 +77,11 @@ class Evaluator:
             return RunJob(**fields, candidate=CandidatePart(**{**part.__dict__,
                                                                "candidate_path": str(workdir / "candidate.py")}))
 
-        sendable = max(cfg.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or [])
+        sendable = max(cfg.sandbox.memory_limit_bytes, tensor_bytes(ref.outputs) + tensor_bytes(ref.timing_outputs or [])
                        + tensor_bytes([outs for _, outs in ref.hardened]))
-        # --run-timeout-s, or its reference factor times the reference's run when longer: a candidate does what the
+        # --sandbox-run-timeout-s, or its reference factor times the reference's run when longer: a candidate does what the
         # reference did plus the checks, and a task whose reference needs minutes must not time out every candidate
-        run_timeout_s = max(cfg.run_timeout_s, cfg.run_timeout_reference_factor * ref.wall_s)
+        run_timeout_s = max(cfg.sandbox.run_timeout_s, cfg.sandbox.run_timeout_reference_factor * ref.wall_s)
         return self.workers.run(job, task.code, cand.code, run_timeout_s=run_timeout_s, judge=judge,
                                 max_output_bytes=sendable)
 
@@ -108,7 +108,7 @@ class Evaluator:
                   bar: Progress, on_result: Callable[[EvalResult], None] | None) -> list[EvalResult]:
         config, plat = self.config, self.platform
         if store:
-            store.set_meta("config", {k: str(v) for k, v in config.__dict__.items()})
+            store.set_meta("config", {k: str(v) for k, v in config.settings().items()})
             store.set_meta("platform", plat.__dict__)
         done = store.finished() if store and resume else {}
         results: list[EvalResult | None] = [None] * len(pairs)
@@ -141,7 +141,7 @@ class Evaluator:
         users: dict[str, int] = {}
         for i in todo:
             users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
-        run_workers = config.resolved_run_workers(plat.backend, plat.gpu_memory_gib)
+        run_workers = config.scheduler.resolved_run_workers(plat.backend, plat.gpu_memory_gib)
         refs = BatchReferences(self.reference, config.trials, users, OutputLedger(output_budget_bytes(config)),
                                run_workers)
         uncached = [pairs[i][1].code for i in todo if not self.builds.is_cached(pairs[i][1].code)]
@@ -186,7 +186,7 @@ class Evaluator:
             return None
 
         try:
-            with ThreadPoolExecutor(max(1, config.jobs), thread_name_prefix="build") as build_pool, \
+            with ThreadPoolExecutor(max(1, config.build.jobs), thread_name_prefix="build") as build_pool, \
                     ThreadPoolExecutor(run_workers, thread_name_prefix="run") as run_pool:
                 builds: dict[str, Future] = {}
                 users_of: dict[Future, list[int]] = {}  # a build -> the pairs that wait for it
@@ -229,7 +229,7 @@ class Evaluator:
         res, outputs = self.run(task, cand, b, ref, judge)
         ran = time.monotonic()
         r = score.scored(self.config, task, cand, b, ref, res, outputs, judge.comparison(), judge.failing,
-                         judge.trivial, self.references.ceilings.known, self.config.resolved_speed_of_light(self.platform.backend),
+                         judge.trivial, self.references.ceilings.known, self.config.timing.resolved_speed_of_light(self.platform.backend),
                          base)
         r.phases.seconds = {"run": round(ran - start, 3),
                             **{f"run.{k}": v for k, v in (res.get("phase_s") or {}).items()},

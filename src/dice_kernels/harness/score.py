@@ -83,7 +83,7 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
                       phases=Phases(failed_in=res.get("phase", "")), **parts, **base)
     timing_outputs = outputs[0] if outputs else None  # the trials went to the judge
     outcome, error, deceptive_kind = cmp.outcome, cmp.message, ""
-    if cfg.robust:
+    if cfg.robust.enabled:
         findings, deceptive = robust_check(cfg, ref, cmp, failing, timing_outputs, res.get("findings", []), trivial)
         parts["robust"] = RobustCheck([RobustFinding(**f) for f in findings], cmp.outcome is Outcome.CORRECT)
         if deceptive:
@@ -92,7 +92,7 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
     speedup = None
     if timed:
         parts["timing"], speedup = _timed(ref, res, ceilings.get(ref.sol.get("dtype", "")) if speed_of_light
-                                          else None, cfg.sol_slack)
+                                          else None, cfg.timing.sol_slack)
     return result(task, cand, outcome, error=error, deceptive_kind=deceptive_kind, compile_s=compile_s,
                   ref_time_ms=ref.time_ms, cand_time_ms=res.get("time_ms"), speedup=speedup,
                   correctness_trials=cfg.trials, trials_passed=cmp.trials_passed,

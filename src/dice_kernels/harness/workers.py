@@ -25,7 +25,7 @@ from dice_kernels.harness.tensor_stream import OutputsTooLarge, read_trials
 from dice_kernels.harness.timing import tensor_bytes
 
 _WORKER = "dice_kernels.harness.worker"
-# host memory exhausted (a worker over --memory-limit-gb, outputs too large): not a CUDA fault
+# host memory exhausted (a worker over --sandbox-memory-limit-gb, outputs too large): not a CUDA fault
 MEMORY_ERROR = Outcome.MEMORY_ERROR
 
 
@@ -38,7 +38,7 @@ class WorkerReport:
 
 class Workers:
     """Worker processes for one evaluation session: started ahead of their job per mode ("run", and "build" at
-    `build_nice`), each used for exactly one job, all killed on `close`."""
+    `build.nice`), each used for exactly one job, all killed on `close`."""
 
     def __init__(self, config: EvalConfig, platform: Platform, scratch: Path):
         self.config, self.platform, self.scratch = config, platform, scratch
@@ -54,17 +54,17 @@ class Workers:
         self.server_down: str | None = None  # why workers are not forked, when the server failed to start
 
     def warm_up(self, builds: int = 0) -> None:
-        """Start the configured number of run workers ahead of their jobs (EvalConfig.warm_workers), and of build
-        workers (EvalConfig.warm_build_workers), as many as `builds` to come leave for after the first `jobs`."""
-        wanted = {"run": self.config.resolved_warm_workers(self.platform.backend, self.platform.gpu_memory_gib),
-                  "build": min(self.config.warm_build_workers, max(0, builds - self.config.jobs))}
+        """Start the configured number of run workers ahead of their jobs (scheduler.warm_workers), and of build
+        workers (build.warm_workers), as many as `builds` to come leave for after the first `jobs`."""
+        wanted = {"run": self.config.scheduler.resolved_warm_workers(self.platform.backend, self.platform.gpu_memory_gib),
+                  "build": min(self.config.build.warm_workers, max(0, builds - self.config.build.jobs))}
         with self._ready_lock:
             for mode, n in wanted.items():
                 while len(self.ready[mode]) < n:
                     self.ready[mode].append(self._start(self._nice(mode)))
 
     def _nice(self, mode: str) -> int:
-        return self.config.build_nice if mode == "build" else 0
+        return self.config.build.nice if mode == "build" else 0
 
     def _new_workdir(self) -> Path:
         with self._seq_lock:
@@ -77,16 +77,16 @@ class Workers:
     def env(self, home: Path) -> dict[str, str]:
         """A worker's environment: scrubbed, with its own extension directory, threads and CUDA arch."""
         extra_env = {"TORCH_EXTENSIONS_DIR": str(home / "torch_extensions"), "MAX_JOBS": "2",
-                     "OMP_NUM_THREADS": str(self.config.cpu_threads)}
+                     "OMP_NUM_THREADS": str(self.config.scheduler.cpu_threads)}
         if self.platform.backend == "cuda":
             extra_env["TORCH_CUDA_ARCH_LIST"] = self.platform.cuda_arch
         return sandbox.scrubbed_env(home, extra_env)
 
     def _fork_server(self) -> ForkServer | None:
-        """The fork server (EvalConfig.fork_workers), started on first use; None where it is off or failed to
+        """The fork server (scheduler.fork_workers), started on first use; None where it is off or failed to
         start (then every worker imports torch itself, and stderr and `server_down` say why)."""
         with self._server_lock:
-            if self.config.fork_workers and self.server is None and self.server_down is None:
+            if self.config.scheduler.fork_workers and self.server is None and self.server_down is None:
                 home = self.scratch / "forkserver"
                 try:
                     self.server = ForkServer(cwd=home, env=self.env(home))
@@ -102,7 +102,7 @@ class Workers:
 
     def take(self, mode: str = "run") -> sandbox.Started:
         """A fresh worker for one job, never one that already ran a job: one started earlier (its imports done or
-        under way) when there is one, and a replacement is started at once. Build workers run at `build_nice`
+        under way) when there is one, and a replacement is started at once. Build workers run at `build.nice`
         (the compilers they spawn inherit it), so compiles on every core never starve the run workers' trials
         and timing."""
         with self._ready_lock:
@@ -120,9 +120,9 @@ class Workers:
         """sandbox.Limits for a job in `workdir` (its fields, as the job carries them)."""
         cfg = self.config
         writable = [str(workdir), *sandbox.device_files(), *([writable_build] if writable_build else [])]
-        limits = sandbox.Limits(memory_bytes=None if self.platform.backend == "cuda" else cfg.memory_limit_bytes,
-                                file_bytes=cfg.file_limit_mb << 20, writable=tuple(writable),
-                                isolate_network=cfg.isolate_network, restrict_writes=cfg.restrict_writes)
+        limits = sandbox.Limits(memory_bytes=None if self.platform.backend == "cuda" else cfg.sandbox.memory_limit_bytes,
+                                file_bytes=cfg.sandbox.file_limit_mb << 20, writable=tuple(writable),
+                                isolate_network=cfg.sandbox.isolate_network, restrict_writes=cfg.sandbox.restrict_writes)
         return {**limits.__dict__, "writable": list(limits.writable)}
 
     def run_job(self, mode: str, job: Callable[[Path], Job], *, task_code: str | None, code: str | None,
@@ -139,7 +139,7 @@ class Workers:
             (workdir / "candidate.py").write_text(code)
         spec = job(workdir)
         write_job(spec, workdir / "job.json")
-        cap = self.config.memory_limit_bytes
+        cap = self.config.sandbox.memory_limit_bytes
         read_data = None
         if isinstance(spec, RunJob):
             # one frame (a trial's outputs) at most what a worker may hold; all frames at most what the caller allows
@@ -159,7 +159,7 @@ class Workers:
             admit: Callable[[int], None] | None = None) -> tuple[dict, list | None]:
         """Run a model (the reference when `code` is None); returns (report, outputs or None). A candidate's trials
         go to `judge` as they arrive (its outputs are then only the re-checked call's). `max_output_bytes` bounds
-        everything the worker may send (default: trials + 1 frames of `memory_limit_gb`); `admit` sees the first
+        everything the worker may send (default: trials + 1 frames of `sandbox.memory_limit_gb`); `admit` sees the first
         frame's size and may stop the worker (OutputsDeferred: the report's status is then "deferred")."""
         rep = self.run_job("run", job, task_code=task_code, code=code, timeout_s=run_timeout_s, judge=judge,
                            max_output_bytes=max_output_bytes, admit=admit)
@@ -211,7 +211,7 @@ class OutputLimits:
     def explain(self, received: int) -> str:
         available = sandbox.available_memory_bytes()
         room = "" if available is None else f", {available / 2**30:.1f} GiB of memory available to the parent"
-        return (f"a frame may be {self.frame / 2**30:g} GiB (--memory-limit-gb), all frames "
+        return (f"a frame may be {self.frame / 2**30:g} GiB (--sandbox-memory-limit-gb), all frames "
                 f"{self.total / 2**30:.1f} GiB, {received / 2**30:.1f} GiB already received{room}")
 
 
@@ -259,16 +259,16 @@ def death_outcome(exit_: sandbox.WorkerExit, cfg: EvalConfig, phase: str, timeou
     if exit_.timed_out:
         return Outcome.TIMEOUT, f"{phase} exceeded the {timeout_s:.4g}s wall-clock limit"
     if exit_.memory_exceeded:
-        return MEMORY_ERROR, (f"exceeded the host memory limit of {cfg.memory_limit_gb:g} GiB (--memory-limit-gb; "
+        return MEMORY_ERROR, (f"exceeded the host memory limit of {cfg.sandbox.memory_limit_gb:g} GiB (--sandbox-memory-limit-gb; "
                               f"this machine has {total_memory_gib() or 0:.1f} GiB)")
     sig = exit_.signal_name
     if sig == "SIGXFSZ":
-        return Outcome.RUNTIME_ERROR, f"wrote a file larger than the {cfg.file_limit_mb} MiB limit"
-    if sig == "SIGKILL" and exit_.peak_rss_bytes * 2 > cfg.memory_limit_bytes:
+        return Outcome.RUNTIME_ERROR, f"wrote a file larger than the {cfg.sandbox.file_limit_mb} MiB limit"
+    if sig == "SIGKILL" and exit_.peak_rss_bytes * 2 > cfg.sandbox.memory_limit_bytes:
         # not ours (a timeout or the watchdog says so above), and it held much memory: the OS's OOM killer
         return MEMORY_ERROR, (f"killed by the operating system (SIGKILL) at {exit_.peak_rss_bytes / 2**30:.1f} GiB "
-                              "resident, most likely its out-of-memory killer: lower --memory-limit-gb (now "
-                              f"{cfg.memory_limit_gb:g} GiB) or run fewer workers")
+                              "resident, most likely its out-of-memory killer: lower --sandbox-memory-limit-gb (now "
+                              f"{cfg.sandbox.memory_limit_gb:g} GiB) or run fewer workers")
     if sig:
         kind = (Outcome.CUDA_MEMORY_ERROR if cfg.resolved_backend() == "cuda" else MEMORY_ERROR) \
             if "memory" in tail.lower() else Outcome.RUNTIME_ERROR

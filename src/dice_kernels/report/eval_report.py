@@ -69,7 +69,7 @@ def reference_baselines(results: list[EvalResult]) -> dict:
 def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
     """For each ATen op behind a `pytorch_fallback` finding, how many candidates it made deceptive, most first:
     whether a run's fallbacks are cuDNN convolutions kept beside a fused epilogue or reductions left to PyTorch
-    decides what `--allow-op` would change."""
+    decides what `--robust-allow-ops` would change."""
     counts: Counter[str] = Counter()
     for r in results:
         if r.outcome is Outcome.DECEPTIVE and r.deceptive_kind == DeceptiveKind.PYTORCH_FALLBACK.value:
@@ -191,7 +191,7 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
         noise = (f"; reference intervals ±{100 * base['rel_ci_median']:.1f}% of the median (worst "
                  f"±{100 * base['rel_ci_max']:.1f}%)" if base.get("rel_ci_median") is not None else "")
         reused = (f"{base['reused']} of {base['timed']} timed results used a reference baseline reused from the "
-                  f"cache (measured {base['reused_measured'][0]} to {base['reused_measured'][1]}; `--baselines "
+                  f"cache (measured {base['reused_measured'][0]} to {base['reused_measured'][1]}; `--timing-baselines "
                   "fresh` measures again)" if base["reused"] else f"all {base['timed']} reference timings measured "
                   "in this run")
         lines += ["", f"Reference baselines: {reused}{noise}."]
@@ -214,7 +214,7 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
                   "not built and not counted in n, Exec or fast_p; evaluate them on a GPU"]
     if s["tasks_whose_reference_exceeds_limits"]:
         lines += ["", "Tasks whose reference `Model` exceeds the harness's time or memory limits (their candidates "
-                  "are counted as harness_error; raise --memory-limit-gb / --run-timeout-s): "
+                  "are counted as harness_error; raise --sandbox-memory-limit-gb / --sandbox-run-timeout-s): "
                   + ", ".join(s["tasks_whose_reference_exceeds_limits"])]
     kinds = s["metrics"]["all"]["deceptive_kinds"]
     if kinds:
@@ -227,7 +227,7 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
                               ("none_loaded", "loaded_not_called", "called", "unknown") if d.get(k))
                   + " (none loaded: the extension never built or was never loaded, e.g. a try/except fallback)"]
     if s.get("fallback_ops"):
-        lines += ["", "PyTorch ops behind `pytorch_fallback` (candidates whose forward dispatched each; `--allow-op` "
+        lines += ["", "PyTorch ops behind `pytorch_fallback` (candidates whose forward dispatched each; `--robust-allow-ops` "
                   "admits one): " + ", ".join(f"{op} {n}" for op, n in list(s["fallback_ops"].items())[:12])]
     if s["tasks_with_failing_reference"]:
         lines += ["", "Tasks whose reference `Model` itself fails (their candidates are counted as harness_error "

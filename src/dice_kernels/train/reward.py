@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from dice_kernels.harness import Candidate, EvalConfig, EvalResult, Evaluator, Outcome
+from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult, Evaluator, Outcome, RobustConfig,
+                                  SandboxConfig, TimingConfig)
 from dice_kernels.tasks import Task
 from dice_kernels.train.config import ConfigError
 
@@ -51,8 +52,10 @@ class RewardConfig:
         return Evaluator(self.eval_config())
 
     def eval_config(self) -> EvalConfig:
-        cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=self.robust, timing=self.speed_bonus > 0,
-                         run_timeout_s=self.run_timeout_s, compile_timeout_s=self.compile_timeout_s)
+        cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=RobustConfig(enabled=self.robust),
+                         timing=TimingConfig(enabled=self.speed_bonus > 0),
+                         sandbox=SandboxConfig(run_timeout_s=self.run_timeout_s),
+                         build=BuildConfig(timeout_s=self.compile_timeout_s))
         return replace(cfg, cache_dir=Path(self.cache_dir)) if self.cache_dir else cfg  # EvalConfig is frozen
 
 

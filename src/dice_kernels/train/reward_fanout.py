@@ -53,10 +53,11 @@ class EvaluatorActor:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
         if cpus:
             share = min(1.0, cpus / (os.cpu_count() or 1))
-            config = replace(config, jobs=max(1, int(cpus * 5 / 4)))  # EvalConfig.jobs' 1.25 a core
+            config = replace(config, build=replace(config.build, jobs=max(1, int(cpus * 5 / 4))))  # 1.25 a core, as BuildConfig
             available = available_memory_bytes()
-            if config.output_memory_gb <= 0 and available:  # the harness default: half of what is available
-                config = replace(config, output_memory_gb=available / 2 * share / (1 << 30))
+            if config.scheduler.output_memory_gb <= 0 and available:  # the harness default: half of what is available
+                config = replace(config, scheduler=replace(config.scheduler,
+                                                           output_memory_gb=available / 2 * share / (1 << 30)))
         self.evaluator = Evaluator(config)
 
     def platform(self) -> dict:
@@ -124,7 +125,7 @@ class RayEvaluator:
         bar = Progress(len(pairs), enabled=True) if progress else None
         try:
             if store:
-                store.set_meta("config", {k: str(v) for k, v in self.config.__dict__.items()})
+                store.set_meta("config", {k: str(v) for k, v in self.config.settings().items()})
                 store.set_meta("platform", self.platform)
             done = store.finished() if store and resume else {}
             results: list[EvalResult | None] = [done.get((t.id, c.id, c.sha256)) for t, c in pairs]
