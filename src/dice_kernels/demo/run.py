@@ -167,7 +167,8 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
         update=UpdateConfig(micro_rows=r.group * 2),
         reward=RewardConfig(backend=cfg.backend, trials=2),
         optim=OptimConfig(lr=r.lr, warmup_fraction=0.0),
-        checkpoint=CheckpointConfig(every_steps=0, keep=1, export_dtype="float32"),
+        # a resumable state after every step: a step costs a round of builds, a save a fraction of a second
+        checkpoint=CheckpointConfig(every_steps=1, keep=1, export_dtype="float32"),
         metrics=MetricsConfig(log_every=1, progress=cfg.progress, tensorboard=False),
     )
     return run_rl(rl, resume=True)
