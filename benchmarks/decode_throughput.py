@@ -78,9 +78,6 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,graphs", help="block-sampler modes to time: eager, graphs")
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
-    parser.add_argument("--compile", action="store_true",
-                        help="fuse each layer's element-wise regions with torch.compile (SamplingConfig.compile); the "
-                             "warm-up call compiles")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script runs")
     args = parser.parse_args()
 
@@ -107,8 +104,7 @@ def main() -> None:
         for per_forward in (int(k) for k in args.per_forward.split(",")):
             for mode in args.modes.split(","):
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
-                                          strategy="static", cuda_graphs=mode == "graphs",
-                                          **({"compile": True} if args.compile else {}))  # old checkouts lack it
+                                          strategy="static", cuda_graphs=mode == "graphs")
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
                 name = f"block4_{per_forward}tok_{mode}"
                 if mode == "graphs":
@@ -151,7 +147,7 @@ def main() -> None:
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "sdpa_only": args.sdpa_only, "compile": args.compile, "modes": args.modes,
+        "sdpa_only": args.sdpa_only, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:

@@ -243,16 +243,3 @@ def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
     graphed = decode(model, second, cfg, [7])  # replays the first call's graphs
     eager = decode(model, second, eager_cfg, [7])
     assert (graphed.tokens, graphed.unmask_steps, graphed.stopped) == (eager.tokens, eager.unmask_steps, eager.stopped)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_layers_in_cuda_graphs_decode_like_eager():
-    """`compile=True` (inductor-fused layer regions, captured into the graphs after compiling each new shape)
-    gives the tokens and trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a token."""
-    model = tiny_model().cuda()
-    prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
-    cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True)
-    compiled = decode(model, prompts, cfg, NO_STOP)
-    eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False}), NO_STOP)
-    assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)

@@ -4,11 +4,6 @@ There is no logit shift: the logit at position i predicts token i. How tokens at
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from dataclasses import dataclass
-from typing import Callable, Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -65,62 +60,14 @@ def join_weights(linears: list[nn.Linear]) -> tuple[Tensor, tuple[int, ...]] | N
     return matrix, tuple(w.data_ptr() for w in weights)
 
 
-def gemm_weights(linears: list[nn.Linear], joint: tuple[Tensor, tuple[int, ...]] | None) -> list[Tensor]:
-    """The matrices that take an input through `linears`: their joined matrix (one wider GEMM, which fills the GPU
-    better, and one launch) when no gradient is wanted and the weights still live in it (`.to()` or
-    `load_state_dict(assign=True)` move them out); else each weight, which is what autograd differentiates."""
+def project(x: Tensor, linears: list[nn.Linear], joint: tuple[Tensor, tuple[int, ...]] | None) -> list[Tensor]:
+    """x through each linear: by one GEMM over the joined matrix (wider, so it fills the GPU better, and one
+    launch) when no gradient is wanted and the weights still live in it (`.to()` or `load_state_dict(assign=True)`
+    move them out); else one GEMM per linear, which is what autograd differentiates."""
     if joint is not None and not torch.is_grad_enabled() and \
             tuple(linear.weight.data_ptr() for linear in linears) == joint[1]:
-        return [joint[0]]
-    return [linear.weight for linear in linears]
-
-
-def linear_split(x: Tensor, weights: list[Tensor], widths: list[int]) -> list[Tensor]:
-    """x through `gemm_weights`' matrices: one output per linear, of the given widths."""
-    if len(weights) == 1:
-        return list(F.linear(x, weights[0]).split(widths, -1))
-    return [F.linear(x, w) for w in weights]
-
-
-# A layer is two element-wise-heavy regions (pure functions of tensors, so `torch.compile` can fuse each without
-# specialising on a layer) around the KV-cache write and attention.
-
-def attention_inputs(x: Tensor, norm_w: Tensor, qkv_w: list[Tensor], q_norm_w: Tensor, k_norm_w: Tensor, cos: Tensor,
-                     sin: Tensor, eps: float, heads: int, kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Input RMSNorm, q/k/v projections, q/k RMSNorm and RoPE: q [B, L, heads, D], k and v [B, L, kv_heads, D]."""
-    batch, length, _ = x.shape
-    head_dim = q_norm_w.shape[0]
-    h = F.rms_norm(x, (x.shape[-1],), norm_w, eps)
-    q, k, v = linear_split(h, qkv_w, [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
-    # RoPE before the head transpose: its element-wise kernels read the projections rather than transposed views
-    q = apply_rope(F.rms_norm(q.view(batch, length, heads, head_dim), (head_dim,), q_norm_w, eps), cos, sin)
-    k = apply_rope(F.rms_norm(k.view(batch, length, kv_heads, head_dim), (head_dim,), k_norm_w, eps), cos, sin)
-    return q, k, v.view(batch, length, kv_heads, head_dim)
-
-
-def mlp_residual(x: Tensor, attn_out: Tensor, o_w: Tensor, norm_w: Tensor, gate_up_w: list[Tensor], down_w: Tensor,
-                 eps: float) -> Tensor:
-    """o_proj and the residual, post-attention RMSNorm, the SwiGLU MLP and its residual."""
-    x = x + F.linear(attn_out, o_w)
-    gate, up = linear_split(F.rms_norm(x, (x.shape[-1],), norm_w, eps), gate_up_w, [down_w.shape[1]] * 2)
-    return x + F.linear(F.silu(gate) * up, down_w)
-
-
-@dataclass(frozen=True)
-class LayerOps:
-    attention_inputs: Callable[..., tuple[Tensor, Tensor, Tensor]]
-    mlp_residual: Callable[..., Tensor]
-
-
-EAGER_OPS = LayerOps(attention_inputs, mlp_residual)
-
-
-@functools.cache
-def compiled_ops() -> LayerOps:
-    """The two regions through `torch.compile` (inductor fuses each one's norms, RoPE, SiLU, product and residual
-    adds; the GEMMs stay cuBLAS): compiled on first use per shape family, shared by every layer. Decoding asks for
-    it (`SamplingConfig.compile`); CUDA graphs captured afterwards replay the fused kernels."""
-    return LayerOps(torch.compile(attention_inputs, fullgraph=True), torch.compile(mlp_residual, fullgraph=True))
+        return list(F.linear(x, joint[0]).split([linear.out_features for linear in linears], -1))
+    return [linear(x) for linear in linears]
 
 
 class SelfAttention(nn.Module):
@@ -136,13 +83,19 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.joint: tuple[Tensor, tuple[int, ...]] | None = None  # q/k/v weights joined (`join_projections`)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn: Attention) -> Tensor:
-        """q [B, L, Hq, D], k, v [B, L, Hkv, D] -> [B, L, Hq * D]: through the KV cache when there is one."""
-        batch, length = q.shape[:2]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention) -> Tensor:
+        batch, length, _ = x.shape
+        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj], self.joint)
+        # RoPE before the head transpose: its element-wise kernels read the projections rather than transposed
+        # views (the same values; the transposed layout attention gets is unchanged)
+        q = apply_rope(self.q_norm(q.view(batch, length, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(k.view(batch, length, self.num_kv_heads, self.head_dim)), cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if attn.cache is not None:
             k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
-        return attend(q, k, v, attn.mask).transpose(1, 2).reshape(batch, length, -1)
+        out = attend(q, k, v, attn.mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
 class MLP(nn.Module):
@@ -153,6 +106,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.joint: tuple[Tensor, tuple[int, ...]] | None = None  # gate/up weights joined (`join_projections`)
 
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = project(x, [self.gate_proj, self.up_proj], self.joint)
+        return self.down_proj(F.silu(gate) * up)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
@@ -162,12 +119,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention, ops: LayerOps = EAGER_OPS) -> Tensor:
-        a, mlp, eps = self.self_attn, self.mlp, self.input_layernorm.eps
-        q, k, v = ops.attention_inputs(x, self.input_layernorm.weight, gemm_weights([a.q_proj, a.k_proj, a.v_proj], a.joint),
-                                       a.q_norm.weight, a.k_norm.weight, cos, sin, eps, a.num_heads, a.num_kv_heads)
-        return ops.mlp_residual(x, a.attend(q, k, v, attn), a.o_proj.weight, self.post_attention_layernorm.weight,
-                                gemm_weights([mlp.gate_proj, mlp.up_proj], mlp.joint), mlp.down_proj.weight, eps)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Decoder(nn.Module):
@@ -187,22 +141,12 @@ class BlockDiffusionLM(nn.Module):
         self.config = cfg
         self.model = Decoder(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.layer_ops = EAGER_OPS  # or compiled_ops(), which decoding switches to while it runs
         self.tie_weights()
 
     def tie_weights(self) -> None:
         """Share the embedding with the lm_head when the config says so (call again after assigning weights)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-
-    @contextlib.contextmanager
-    def using_layer_ops(self, ops: LayerOps) -> Iterator[None]:
-        """Run the layers' regions through `ops` (e.g. `compiled_ops()`) inside the block."""
-        saved, self.layer_ops = self.layer_ops, ops
-        try:
-            yield
-        finally:
-            self.layer_ops = saved
 
     def join_projections(self) -> None:
         """Give every layer one q/k/v matrix and one gate/up matrix (views, no extra memory; see `join_weights`)
@@ -225,7 +169,7 @@ class BlockDiffusionLM(nn.Module):
             bias = (kv_heads, x.dtype) if attn.cache is not None else (None, None)  # small-query path: cache only
             attn = Attention(fold_gqa_mask(attn.mask, groups, *bias), attn.cache, attn.slots, attn.kv_len)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attn, self.layer_ops)
+            x = layer(x, cos, sin, attn)
         return self.model.norm(x)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: Attention, keep: slice = slice(None)) -> Tensor:
