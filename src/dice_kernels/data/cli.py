@@ -95,9 +95,8 @@ def build(
     if not sources:
         fail("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
     _need_data_extra()
-    eval_cfg = eval_config
     cfg = CurationConfig(
-        out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_cfg, rl_programs=rl_programs,
+        out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_config, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
         dedupe=DedupeConfig(threshold=near_dup), decontam=DecontamConfig(threshold=overlap),
         progress=sys.stdout.isatty() if progress is None else progress, limit=limit, import_results=tuple(import_results or ()))

@@ -1,9 +1,9 @@
-"""`Evaluator`, the evaluation session, and its scheduling: `evaluate()` for a batch of (task, candidate) pairs.
+"""`Evaluator`, the long-lived evaluator, and its scheduling: `evaluate()` for a batch of (task, candidate) pairs.
 
 Builds run in a thread pool (build_cache.py) while a pool of run threads runs each task's reference
 (references.py) and the candidates in fresh sandboxed workers (workers.py); the parent compares their outputs with
 the reference's as they arrive (compare.py), scores them (score.py) and records each result in the store the
-moment it is known. The session's workers, fork server, build cache, baselines and ceilings serve every batch.
+moment it is known. The evaluator's workers, fork server, build cache, baselines and ceilings serve every batch.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dice_kernels.tasks import Task
 
 
 class Evaluator:
-    """A long-lived evaluation session: platform, scratch space, warm workers and fork server, build cache,
+    """A long-lived evaluator: platform, scratch space, warm workers and fork server, build cache,
     baselines and ceilings are set up once and serve every `evaluate` call until `close` (or the `with` block's
     end). The RL reward service keeps one for a whole training run:
 
@@ -250,7 +250,7 @@ class Evaluator:
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
              resume: bool = False, progress: bool = True,
              on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
-    """Evaluate every (task, candidate) pair in a session of its own (`Evaluator.evaluate`); results come back in
+    """Evaluate every (task, candidate) pair with an evaluator of its own (`Evaluator.evaluate`); results come back in
     input order."""
     with Evaluator(config) as ev:
         return ev.evaluate(pairs, out_dir=out_dir, resume=resume, progress=progress, on_result=on_result)

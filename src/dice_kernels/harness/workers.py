@@ -37,7 +37,7 @@ class WorkerReport:
 
 
 class Workers:
-    """Worker processes for one evaluation session: started ahead of their job per mode ("run", and "build" at
+    """Worker processes for one `Evaluator`: started ahead of their job per mode ("run", and "build" at
     `build.nice`), each used for exactly one job, all killed on `close`."""
 
     def __init__(self, config: EvalConfig, platform: Platform, scratch: Path):
