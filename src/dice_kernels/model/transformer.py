@@ -152,7 +152,13 @@ class BlockDiffusionLM(nn.Module):
         """Give every layer one q/k/v matrix and one gate/up matrix (views, no extra memory; see `join_weights`)
         for inference forwards: 2 GEMMs where there were 5, the narrow k and v ones (1,024 columns for SDAR-4B)
         widened into one that fills the GPU. Idempotent: layers whose weights still live in their matrices keep
-        them. Checkpoints and training are unchanged; weights that are not plain tensors (FSDP) stay apart."""
+        them. Checkpoints and training are unchanged. A model under FSDP2 is left alone: its parameters are its
+        shards or, between forwards on one rank, views of its all-gather buffers, which it frees and refills."""
+        if torch.distributed.is_available():
+            from torch.distributed.fsdp import FSDPModule
+
+            if any(isinstance(m, FSDPModule) for m in self.modules()):
+                return
         for layer in self.model.layers:
             for module, linears in ((layer.self_attn, ["q_proj", "k_proj", "v_proj"]), (layer.mlp, ["gate_proj", "up_proj"])):
                 linears = [getattr(module, name) for name in linears]
