@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, SandboxConfig, TimingConfig, candidate_from_text,
-                                  evaluate)
+from dice_kernels.harness import (BuildConfig, EvalConfig, Evaluator, Outcome, SandboxConfig, TimingConfig,
+                                  candidate_from_text, evaluate)
 from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.outcomes import DeceptiveKind
 
@@ -65,12 +65,13 @@ def test_reference_is_timed_once_then_reused_and_the_timing_recheck_still_catche
         build_cache, example_pairs):
     honest = next(p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct")
     pairs = [honest, (honest[0], candidate_from_text(REPLAY, id="replay"))]
-    # a seed no other test uses: the session's shared cache holds no baseline for these settings yet
+    # a seed no other test uses: the session's shared cache holds no baseline for these settings yet; short timing
+    # loops (0.3 s): what is asserted is which number is reused, not how precise it is
     cfg = EvalConfig(backend="cpu", trials=2, seed=20261130, cache_dir=build_cache, build=BuildConfig(jobs=2),
-                     timing=TimingConfig(warmup=2, iters=3), sandbox=SandboxConfig(run_timeout_s=120))
+                     timing=TimingConfig(warmup=2, iters=3, max_s=0.3), sandbox=SandboxConfig(run_timeout_s=120))
 
-    def run(config: EvalConfig) -> dict:
-        results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
+    def run(ev: Evaluator) -> dict:
+        results = {r.candidate_id: r for r in ev.evaluate(pairs)}
         assert results["19_ReLU/correct"].outcome is Outcome.CORRECT and results["19_ReLU/correct"].speedup
         replay = results["replay"]
         assert replay.outcome is Outcome.DECEPTIVE, replay.error
@@ -81,15 +82,17 @@ def test_reference_is_timed_once_then_reused_and_the_timing_recheck_still_catche
         r = results["19_ReLU/correct"]
         return r.reference.baseline.cached, r.ref_time_ms
 
-    measured = run(cfg)
-    assert baseline_of(measured)[0] is False
-    reused = run(cfg)
-    assert baseline_of(reused) == (True, baseline_of(measured)[1])  # the very same number, not a new measurement
-    assert reused["19_ReLU/correct"].reference.baseline.measured_at
+    # two long-lived evaluators over one cache, as a trainer's reward service beside a `dice eval` run
+    with Evaluator(cfg) as ev, Evaluator(replace(cfg, timing=replace(cfg.timing, baselines="fresh"))) as fresh:
+        measured = run(ev)
+        assert baseline_of(measured)[0] is False
+        reused = run(ev)
+        assert baseline_of(reused) == (True, baseline_of(measured)[1])  # the very same number, not a new one
+        assert reused["19_ReLU/correct"].reference.baseline.measured_at
 
-    remeasured = run(replace(cfg, timing=replace(cfg.timing, baselines="fresh")))
-    assert baseline_of(remeasured)[0] is False
-    assert baseline_of(run(cfg)) == (True, baseline_of(remeasured)[1])  # "fresh" replaced the cached one
+        remeasured = run(fresh)
+        assert baseline_of(remeasured)[0] is False
+        assert baseline_of(run(ev)) == (True, baseline_of(remeasured)[1])  # "fresh" replaced the cached one
 
 
 def test_unknown_baselines_mode_is_refused_before_anything_runs(tmp_path):
