@@ -66,6 +66,8 @@ sigkill_after_step = 2
     assert steps == [1, 2, 3]  # one curve: no step logged twice
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert row["rollouts"] == 8 and sum(row["outcomes"].values()) == 8
+    # every deceptive rollout is counted once by what its extension did (never built / not called / called)
+    assert sum(row["deceptive_extension"].values()) == row["outcomes"].get("deceptive", 0)
     assert {"reward_mean", "exec", "kl", "clip_fraction", "rollout_s", "reward_s", "update_s", "lr"} <= set(row)
     rewards = sqlite3.connect(out / "rewards.sqlite").execute(
         "SELECT step, COUNT(*) FROM rewards GROUP BY step").fetchall()

@@ -59,6 +59,18 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
                    fast_vs_compile=vs_compile, fast_point=_fast(good, n, ps, lambda r: r.speedup))
 
 
+def deceptive_extensions(results: list[EvalResult]) -> dict[str, int]:
+    """Deceptive candidates by what their extension did: none loaded (it never built, or a fallback ran instead),
+    loaded but never called, or called: a broken kernel reads differently from a cheat."""
+    counts = Counter()
+    for r in results:
+        if r.outcome is Outcome.DECEPTIVE:
+            ext = r.extension
+            counts["unknown" if ext is None else "called" if ext.called else
+                   "loaded_not_called" if ext.loaded else "none_loaded"] += 1
+    return dict(counts)
+
+
 def _speedup_low(r: EvalResult) -> float | None:
     """The low end of a result's 95 % speedup interval (None when it was not timed or has no interval)."""
     ci = r.timing.speedup_ci95 if r.timing else None

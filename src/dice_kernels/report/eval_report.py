@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from dice_kernels.harness.metrics import FAST_P, by_level
+from dice_kernels.harness.metrics import FAST_P, by_level, deceptive_extensions
 from dice_kernels.harness.outcomes import DeceptiveKind, EvalResult, Outcome
 
 _ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a pytorch_fallback finding's message
@@ -40,18 +40,6 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "reference_baselines": reference_baselines(results),
         "deceptive_extensions": deceptive_extensions(results),
     }
-
-
-def deceptive_extensions(results: list[EvalResult]) -> dict[str, int]:
-    """Deceptive candidates by what their extension did: none loaded (it never built, or a fallback ran instead),
-    loaded but never called, or called: a broken kernel reads differently from a cheat."""
-    counts = Counter()
-    for r in results:
-        if r.outcome is Outcome.DECEPTIVE:
-            ext = r.extension
-            counts["unknown" if ext is None else "called" if ext.called else
-                   "loaded_not_called" if ext.loaded else "none_loaded"] += 1
-    return dict(counts)
 
 
 def reference_baselines(results: list[EvalResult]) -> dict:

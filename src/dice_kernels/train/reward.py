@@ -17,6 +17,7 @@ from typing import Literal
 
 from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult, Evaluator, Outcome, RobustConfig,
                                   SandboxConfig, TimingConfig)
+from dice_kernels.harness.metrics import deceptive_extensions
 from dice_kernels.tasks import Task
 from dice_kernels.train.config import ConfigError
 
@@ -77,6 +78,8 @@ class StepRewards:
     seconds: float
     outcomes: dict[str, int] = field(default_factory=dict)  # outcome -> count
     deceptive: dict[str, int] = field(default_factory=dict)  # deceptive kind -> count
+    # deceptive candidates by what their extension did (never built / loaded but not called / called)
+    deceptive_extension: dict[str, int] = field(default_factory=dict)
 
     @property
     def exec_rate(self) -> float:
@@ -109,7 +112,8 @@ class RewardService:
              r.speedup, json.dumps(r.timing.speedup_ci95 if r.timing else None), r.error[:500])
             for i, (r, reward) in enumerate(zip(results, rewards))])
         self.db.commit()
-        out = StepRewards(rewards=rewards, results=results, seconds=time.monotonic() - start)
+        out = StepRewards(rewards=rewards, results=results, seconds=time.monotonic() - start,
+                          deceptive_extension=deceptive_extensions(results))
         for r in results:
             out.outcomes[r.outcome.value] = out.outcomes.get(r.outcome.value, 0) + 1
             if r.deceptive_kind:

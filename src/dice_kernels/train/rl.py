@@ -161,6 +161,7 @@ class RLStats:
     exec: float
     outcomes: dict[str, int]
     deceptive: dict[str, int]
+    deceptive_extension: dict[str, int]  # deceptive rollouts: extension none_loaded / loaded_not_called / called
     groups: int
     dropped_groups: int
     trained_rollouts: int
@@ -224,7 +225,8 @@ class RLStep:
             [adv.groups, adv.dropped_groups, len(kept), sum(len(r.trajectory.tokens) for r in rollouts)], self.dist))
         return RLStats(phase=phase, tasks=len(tasks), rollouts=len(scored["rewards"]),
                        reward_mean=sum(scored["rewards"]) / len(scored["rewards"]), exec=scored["exec"],
-                       outcomes=scored["outcomes"], deceptive=scored["deceptive"], groups=groups,
+                       outcomes=scored["outcomes"], deceptive=scored["deceptive"],
+                       deceptive_extension=scored["deceptive_extension"], groups=groups,
                        dropped_groups=dropped, trained_rollouts=trained, tokens_generated=tokens,
                        seconds=seconds, **upd)
 
@@ -336,7 +338,8 @@ def _score_on_main(rewards: RewardService | None, step: int, pairs: list, dist: 
     if dist.is_main:
         scored = rewards.score(step, [p for part in everything for p in part])
         summary = {"rewards": scored.rewards, "seconds": scored.seconds, "exec": scored.exec_rate,
-                   "outcomes": scored.outcomes, "deceptive": scored.deceptive}
+                   "outcomes": scored.outcomes, "deceptive": scored.deceptive,
+                   "deceptive_extension": scored.deceptive_extension}
     return _broadcast(summary)
 
 
