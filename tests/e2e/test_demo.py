@@ -50,7 +50,7 @@ def _covering_specs() -> list[Spec]:
 
 
 @pytest.mark.slow
-def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(tmp_path):
+def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cache):
     from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
     from dice_kernels.tasks import task_from_code
 
@@ -65,7 +65,8 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(tmp_path)
     last = cpu_program(spec).rsplit("v = ", 1)
     broken = last[0] + "// " + "v = " + last[1]
     pairs.append((pairs[0][0], candidate_from_text(broken, id="broken")))
-    config = EvalConfig(backend="cpu", trials=2, cache_dir=tmp_path / "cache", timing=TimingConfig(enabled=False))
+    # the session's build cache: its precompiled header is built once for every test that compiles C++
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
     results = evaluate(pairs, config, progress=False)
     assert [r.outcome for r in results[:-1]] == [Outcome.CORRECT] * (len(pairs) - 1), [r.error for r in results]
     assert results[-1].outcome is Outcome.VALUE_MISMATCH
