@@ -65,6 +65,8 @@ BAD_INPUTS = [
      "--out {t}/run already holds a run: add --resume to continue it, --overwrite to replace it"),
     ("resume with other settings", lambda t: [*EVAL, "--out", str(_run(t)), "--resume", "--trials", "3"],
      "--resume: {t}/run was evaluated with other settings (trials: 5 -> 3)"),
+    ("an allowed op that is no ATen op", lambda t: [*EVAL, "--robust-allow-ops", "mm"],
+     "--robust-allow-ops takes ATen op names such as aten::mm, not mm"),
     ("resume a run stored with flat settings", lambda t: [*EVAL, "--out", str(_run(t, FLAT_SETTINGS, "flat")),
                                                           "--resume"],
      "--resume: {t}/flat was recorded by an older dice whose settings have other names (run_timeout_s, timing, "

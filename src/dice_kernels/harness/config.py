@@ -209,10 +209,9 @@ class RobustConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow_ops", tuple(self.allow_ops))
-        _check(self, (
-            ("allow_ops", lambda v: all(op.startswith("aten::") for op in v), "ATen op names such as aten::mm"),
-            ("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),
-        ))
+        if bad := [op for op in self.allow_ops if not op.startswith("aten::")]:
+            raise ValueError(f"robust.allow_ops takes ATen op names such as aten::mm, not {', '.join(bad)}")
+        _check(self, (("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),))
 
     @property
     def allowed_ops(self) -> tuple[str, ...]:
