@@ -54,6 +54,44 @@ def autoregressive_decode(model: BlockDiffusionLM, prompts: torch.Tensor, new_to
     return torch.cat(out, dim=1)
 
 
+def profile_replays(model: BlockDiffusionLM, path: str) -> None:
+    """Where a decode forward's GPU time goes: each kept graph's replay time by CUDA events (median of 10), then the
+    kernels of one replay of the widest span, plain and committing, summed by name (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dice_kernels.sampling.decoder import kept_graphs
+
+    graphs, report = kept_graphs(model), {"replay_ms": {}, "kernels": {}}
+    for (commit, span), graph in sorted(graphs.items()):
+        times = []
+        for _ in range(10):
+            began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began.record()
+            graph.replay()
+            ended.record()
+            ended.synchronize()
+            times.append(began.elapsed_time(ended))
+        report["replay_ms"][f"{'commit' if commit else 'plain'}_{span}"] = sorted(times)[len(times) // 2]
+    widest = max((span for _, span in graphs), default=0)
+    for commit in (False, True):
+        if (commit, widest) not in graphs:
+            continue
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graphs[commit, widest].replay()
+            torch.cuda.synchronize()
+        rows = sorted(({"name": e.key, "count": e.count, "us": e.device_time_total} for e in prof.key_averages()
+                       if e.device_time_total > 0), key=lambda r: -r["us"])
+        report["kernels"][f"{'commit' if commit else 'plain'}_{widest}"] = {
+            "kernels": sum(r["count"] for r in rows), "us": sum(r["us"] for r in rows), "rows": rows}
+        print(f"one {'committing' if commit else 'plain'} replay, span {widest}: {sum(r['count'] for r in rows)} "
+              f"kernels, {sum(r['us'] for r in rows) / 1e3:.2f} ms; largest:")
+        for r in rows[:12]:
+            print(f"  {r['us']:8.0f} us {r['count']:4d}x  {r['name'][:100]}")
+    print("replay ms (median of 10):", report["replay_ms"])
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def _timed(fn):
     """(seconds, fn()) with the GPU drained before and after."""
     if torch.cuda.is_available():
@@ -78,6 +116,9 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,graphs", help="block-sampler modes to time: eager, graphs")
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
+    parser.add_argument("--profile-replays", metavar="JSON",
+                        help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
+                             "torch.profiler's kernel table of one replay of the widest span, to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, to check the script runs")
     args = parser.parse_args()
 
@@ -152,6 +193,8 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
+    if args.profile_replays and device.type == "cuda":
+        profile_replays(model, args.profile_replays)
 
 
 if __name__ == "__main__":

@@ -238,6 +238,13 @@ class _Workspace:
 _WORKSPACES: weakref.WeakKeyDictionary[BlockDiffusionLM, _Workspace] = weakref.WeakKeyDictionary()
 
 
+def kept_graphs(model: BlockDiffusionLM) -> dict[tuple[bool, int], torch.cuda.CUDAGraph]:
+    """The graphs kept for `model`'s next call, by (some row commits, attended span); empty if none. Replaying one
+    reruns a forward (and a greedy denoising step) on the kept state: for profiling, after the call."""
+    kept = _WORKSPACES.get(model)
+    return dict(kept.forward.graphs or {}) if kept is not None else {}
+
+
 def release_graphs(model: BlockDiffusionLM) -> None:
     """Free the CUDA graphs, KV cache and buffers `decode` keeps for `model` (e.g. before a training update)."""
     _WORKSPACES.pop(model, None)
