@@ -170,28 +170,30 @@ def test_the_kernelbench_style_run_reports_every_finished_candidate_as_it_goes(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reuse", [True, False])
-def test_the_kernelbench_style_eval_reuses_what_it_precompiled_unless_its_pool_reuses_processes(tmp_path, reuse):
+def test_the_kernelbench_style_eval_rebuilds_what_its_reused_precompile_process_built_twice(tmp_path):
     """Real C++ builds: one pre-compile process builds the same program (one extension name) for two candidates.
     Reused for both (KernelBench's pool), torch names the second `<name>_v1`, and its fresh eval process builds it
-    again; with a fresh process per build, the eval phase builds nothing."""
+    again. (With a fresh process per build, the eval phase builds nothing: the resume test below.)"""
     (item,) = [it for it in et.smoke_batch() if it.kind == "correct"]
     jobs = [kbs.KBJob(f"c{i}", item.task.id, item.task.code, item.cand.code) for i in range(2)]
     cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=300, build_root=tmp_path, num_perf_trials=2,
-                       reuse_precompile_workers=reuse)
+                       reuse_precompile_workers=True)
     run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None)
     assert [r.precompile["ok"] for r in run.results] == [True, True]
     assert [r.outcome for r in run.results] == ["correct", "correct"]
-    assert [r.built_in_eval for r in run.results] == [False, reuse]
-    assert et.kb_section(run, 2, cfg)["rebuilt_precompiled"] == int(reuse)
+    assert [r.built_in_eval for r in run.results] == [False, True]
+    assert et.kb_section(run, 2, cfg)["rebuilt_precompiled"] == 1
 
 
 @pytest.mark.slow
 def test_a_kernelbench_style_run_cut_short_goes_on_in_a_later_process(tmp_path):
-    """Real C++ build: the time budget ends after the first candidate; resuming evaluates the second on the library
-    pre-compiled before (a stale build lock left in its directory is cleared), keeping the first's seconds."""
+    """Real C++ builds: the time budget ends after the first candidate; resuming evaluates the other two (the same
+    program, one extension name, each pre-compiled in a fresh process: KernelBench's default) on the libraries
+    pre-compiled before, building nothing (a stale build lock left in a directory is cleared), keeping the first's
+    seconds."""
     python_error, correct = (next(it for it in et.smoke_batch() if it.kind == k) for k in ("python_error", "correct"))
     jobs = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in (python_error, correct)]
+    jobs.append(kbs.KBJob("twin", correct.task.id, correct.task.code, correct.cand.code))
 
     def stop_after_one(run: kbs.KBRun) -> None:
         if run.finished == 1:
@@ -200,15 +202,17 @@ def test_a_kernelbench_style_run_cut_short_goes_on_in_a_later_process(tmp_path):
     cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=120, build_root=tmp_path / "kb", num_perf_trials=2)
     first = kbs.KBRun.from_dict(kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None, on_progress=stop_after_one)
                                 .to_dict())  # through JSON's shape, as a second call reads it
-    assert [r.outcome for r in first.results] == ["python_error", "not_run"] and first.results[1].precompile["ok"]
+    assert [r.outcome for r in first.results] == ["python_error", "not_run", "not_run"]
+    assert [r.precompile["ok"] for r in first.results[1:]] == [True, True]
     with pytest.raises(ValueError, match="pre-compiled libraries of the run to resume are not under"):
         kbs.evaluate_kb_style(jobs, kbs.KBConfig(backend="cpu", build_root=tmp_path / "elsewhere"), resume=first)
     (lock_dir,) = (tmp_path / "kb" / "build" / "00001").iterdir()
     (lock_dir / "lock").touch()
     cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=120, build_root=tmp_path / "kb", num_perf_trials=2)
     run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None, resume=first)
-    assert [r.outcome for r in run.results] == ["python_error", "correct"] and run.finished == 2
-    assert not run.results[1].built_in_eval
+    assert [r.outcome for r in run.results] == ["python_error", "correct", "correct"] and run.finished == 3
+    assert [r.built_in_eval for r in run.results[1:]] == [False, False]
+    assert et.kb_section(run, 3, cfg)["rebuilt_precompiled"] == 0
     assert (run.precompile_s, run.baseline_s) == (first.precompile_s, first.baseline_s) and run.eval_s > first.eval_s
     with pytest.raises(ValueError, match="other candidates"):
         kbs.evaluate_kb_style(jobs[::-1], cfg, resume=first)

@@ -117,7 +117,7 @@ def test_example_set_real_cpp_extensions(build_cache, tmp_path, example_pairs):
     """The shipped CPU examples compile for real: correct ones pass and get a speedup, the rest fail as labelled."""
     pairs = example_pairs("cpu")
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2),
-                        timing=TimingConfig(iters=5))
+                        timing=TimingConfig(iters=5, max_s=0.3))  # timed, not measured precisely
     res = {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path, progress=False)}
     expected = {"19_ReLU/correct": Outcome.CORRECT, "19_ReLU/wrong": Outcome.VALUE_MISMATCH,
                 "19_ReLU/broken": Outcome.COMPILE_ERROR, "90_AddMul/correct": Outcome.CORRECT,
@@ -145,7 +145,7 @@ def test_a_time_faster_than_the_hardware_allows_is_quarantined(build_cache, tmp_
     ceilings_file.unlink(missing_ok=True)
     pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct"]
     config = EvalConfig(backend="cpu", trials=2, cache_dir=cache, build=BuildConfig(jobs=2),
-                        timing=TimingConfig(iters=5, speed_of_light="always"))
+                        timing=TimingConfig(iters=5, max_s=0.3, speed_of_light="always"))
 
     def evaluate_with(bandwidth: float | None):
         if bandwidth is not None:
@@ -176,7 +176,7 @@ def test_only_candidates_whose_trials_are_right_are_timed(build_cache, example_p
     honest = next(p for p in example_pairs("cpu") if p[1].id == "19_ReLU/correct")
     pairs = [honest, (honest[0], candidate_from_text(_model("return x * 2"), id="wrong"))]
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2),
-                        timing=TimingConfig(warmup=2, iters=3))
+                        timing=TimingConfig(warmup=2, iters=3, max_s=0.3))
     right, wrong = evaluate(pairs, config, progress=False)
     assert right.outcome is Outcome.CORRECT and right.speedup and "run.timing" in right.phases.seconds
     assert wrong.outcome is Outcome.VALUE_MISMATCH and wrong.timing_trials == 0 and wrong.cand_time_ms is None
