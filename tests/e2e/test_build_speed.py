@@ -51,12 +51,25 @@ def test_headers_are_planned_for_the_flags_a_batch_names():
     assert pch_variants([]) == ((),)
 
 
-def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, example_pairs):
+@pytest.fixture(scope="module")
+def cold_batch(tmp_path_factory, example_pairs):
+    """(cache, result, pch) of a cold cache's first batch: one candidate that does not compile, whose build waits
+    for the header being built and then has it; `pch` lists what the batch left in the cache's pch folder (the
+    next test adds to it). The header it publishes serves the next run (one header build for both tests)."""
+    cache = tmp_path_factory.mktemp("pch-cache")
+    pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/broken"]
+    config = EvalConfig(backend="cpu", trials=1, cache_dir=cache, timing=TimingConfig(enabled=False))
+    (result,) = evaluate(pairs, config, progress=False)
+    return cache, result, list((cache / "pch").rglob("*"))
+
+
+def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, example_pairs, cold_batch):
     pairs = [p for p in example_pairs("cpu") if p[1].id in ("19_ReLU/correct", "19_ReLU/broken")]
-    # evaluate() prepares the header in the background (early builds do without it); prepared first here so
-    # these builds take it
-    assert build_pch(plan_pch(tmp_path / "fast", with_cuda=False))
-    fast = EvalConfig(backend="cpu", trials=2, cache_dir=tmp_path / "fast", timing=TimingConfig(enabled=False))
+    # evaluate() prepares the header in the background (early builds do without it); a cache whose header is
+    # published already (the cold batch's; nothing left to build) so these builds take it
+    cache, _, _ = cold_batch
+    assert build_pch(plan_pch(cache, with_cuda=False))
+    fast = EvalConfig(backend="cpu", trials=2, cache_dir=cache, timing=TimingConfig(enabled=False))
     plain = EvalConfig(backend="cpu", trials=2, cache_dir=tmp_path / "plain", timing=TimingConfig(enabled=False),
                        build=BuildConfig(fast=False))
     with_pch = {r.candidate_id: r for r in evaluate(pairs, fast, progress=False)}
@@ -65,22 +78,20 @@ def test_cpu_build_uses_the_precompiled_header_and_keeps_the_outcome(tmp_path, e
         "19_ReLU/correct": Outcome.CORRECT, "19_ReLU/broken": Outcome.COMPILE_ERROR}
     assert [s["pch"] for s in with_pch["19_ReLU/correct"].build.shortcuts] == [True]
     assert [s["pch"] for s in without["19_ReLU/correct"].build.shortcuts] == [False]
-    assert list((tmp_path / "fast" / "pch").glob("*/torch/extension.h.gch"))
+    assert list((cache / "pch").glob("*/torch/extension.h.gch"))
     assert not (tmp_path / "plain" / "pch").exists()
     # the compiler's own message, not one about the header shortcut
     assert "extension.h" not in with_pch["19_ReLU/broken"].error
 
 
-def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(tmp_path, example_pairs):
-    pairs = [p for p in example_pairs("cpu") if p[1].id == "19_ReLU/broken"]
-    config = EvalConfig(backend="cpu", trials=1, cache_dir=tmp_path, timing=TimingConfig(enabled=False))
-    (result,) = evaluate(pairs, config, progress=False)
+def test_a_cold_batch_waits_for_the_header_and_publishes_it_for_the_next_run(cold_batch):
+    _, result, pch = cold_batch
     assert result.outcome is Outcome.COMPILE_ERROR
     assert "extension.h" not in result.error  # the compiler's own message about the candidate's code
     (shortcut,) = result.build.shortcuts
     assert shortcut["pch"] is True and shortcut["pch_wait_s"] > 0  # main.cpp waited for the header, then had it
-    assert not list((tmp_path / "pch").glob("*.building"))
-    (header,) = (tmp_path / "pch").glob("*/torch/extension.h.gch")  # for extra_cflags [] only: no code names others
+    assert not [p for p in pch if p.name.endswith(".building")]
+    (header,) = [p for p in pch if p.match("*/torch/extension.h.gch")]  # for extra_cflags [] only: no code names others
     assert (header.parent / "extension.h").resolve().name == "extension.h"
     assert "-O3" not in json.loads((header.parent.parent / "command.json").read_text())
 
@@ -223,11 +234,30 @@ def _compile_through(compiler: str, plan: PchPlan, build: Path, nvcc: str | None
     return subprocess.Popen([compiler, "-c", "unit.cpp", "-o", "unit.o"], cwd=build, env=env)
 
 
+def _waits(proc: subprocess.Popen, loops: int = 1, timeout_s: float = 60.0) -> bool:
+    """True once the waiting compiler `proc` has gone round its wait loop `loops` times from now, seen as that many
+    distinct `sleep` children of it: an event to wait for, where a fixed sleep would race a loaded machine."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                pid, rest = stat.read_text().split(" (", 1)
+                comm, fields = rest.rsplit(") ", 1)
+            except (OSError, ValueError):
+                continue
+            if comm == "sleep" and int(fields.split()[1]) == proc.pid:
+                seen.add(int(pid))
+        if len(seen) >= loops:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def test_a_compile_waits_until_the_header_being_built_is_published(tmp_path):
     plan, compiler = _announced(tmp_path)
     compile_ = _compile_through(compiler, plan, tmp_path / "build")
-    time.sleep(1.5)
-    assert compile_.poll() is None  # a one-line compile, still waiting for the header
+    assert _waits(compile_)  # a one-line compile, waiting for the header
     pch_file(plan.root).parent.mkdir(parents=True)
     pch_file(plan.root).write_bytes(b"")  # published (GCC never reads it: unit.cpp includes nothing)
     assert compile_.wait(timeout=60) == 0 and (tmp_path / "build" / "unit.o").exists()
@@ -239,7 +269,7 @@ def test_a_compile_waits_until_the_header_being_built_is_published(tmp_path):
 def test_a_failed_header_build_releases_the_waiting_compiles(tmp_path):
     plan, compiler = _announced(tmp_path)
     compile_ = _compile_through(compiler, plan, tmp_path / "build")
-    time.sleep(0.5)
+    assert _waits(compile_)
     assert not build_pch([plan])  # its command fails: nothing is published and the mark is taken away
     assert not plan.building.exists()
     assert compile_.wait(timeout=60) == 0 and read_pch_wait(tmp_path / "build")["found"] is False
@@ -326,8 +356,7 @@ def test_a_failed_cuda_unit_ends_the_wait_and_skips_the_compile(tmp_path):
     waiting = _compile_through(compiler, plan, build, nvcc="c++")
     (build / "cuda.cu").write_text("int unit2() { return tile_k; }\n")
     env = {**os.environ, **pch_wait_environment(str(plan.root), compiler, "c++")}
-    time.sleep(0.5)
-    assert waiting.poll() is None  # still waiting for the header
+    assert _waits(waiting)  # waiting for the header
     cuda = subprocess.run([env["PYTORCH_NVCC"], "-x", "c++", "-c", "cuda.cu", "-o", "cuda.o"], cwd=build, env=env,
                           capture_output=True, text=True, timeout=60)
     assert cuda.returncode != 0 and "tile_k" in cuda.stderr  # the real compiler's status and message
@@ -355,8 +384,9 @@ def test_a_spare_time_header_is_waited_for_only_while_the_cuda_unit_compiles(tmp
     assert waiting[spare].wait(timeout=30) == 0 and (spare / "unit.o").exists()  # compiled without the header
     wait = read_pch_wait(spare)
     assert not wait["found"] and not wait["skipped"]
-    time.sleep(1.0)
-    assert waiting[kept].poll() is None  # a header built at full priority is still worth waiting for
+    # a header built at full priority is still worth waiting for: a second turn of the loop after its CUDA unit
+    # compiled shows it did not stop there
+    assert _waits(waiting[kept], loops=2)
     # no CUDA unit to end the wait: a spare-time header is not waited for at all
     assert pch_wait_environment(str(spare_plan.root), compiler, None) is None
     assert pch_wait_environment(str(kept_plan.root), compiler, None) is not None
