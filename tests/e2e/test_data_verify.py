@@ -147,7 +147,7 @@ def test_filter_can_pass_unverified_pairs_marked():
 
 @pytest.mark.slow
 def test_cpu_backend_evaluates_a_cpp_only_load_inline_pair(tmp_path, build_cache):
-    cfg = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(iters=5),
+    cfg = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(iters=5, max_s=0.3),
                      build=BuildConfig(jobs=1))
     (v,) = verify([rec("cpp", kernel=CPP_KERNEL)], cfg, out_dir=tmp_path / "harness", progress=False)
     assert v.status == VERIFIED, v.reason
