@@ -81,26 +81,6 @@ def _step(tokenizer, model, rewards, dist, lr, group, max_new, seed=0):
                   dist, policy)
 
 
-def test_join_projections_leaves_an_fsdp_model_alone(dist):
-    """Rollouts decode the FSDP2 model: `join_projections` must not re-home its weights, which on one rank are plain
-    views of FSDP's all-gather buffers between forwards (it frees and refills them)."""
-    from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dense_mask
-    from dice_kernels.train.config import ParallelConfig
-    from dice_kernels.train.distributed import parallelize
-
-    model = tiny_model()
-    parallelize(model, model.model.layers, ParallelConfig(), dist.device, forward_methods=("hidden_states",))
-    pos = torch.arange(8).expand(2, -1)
-    layout = Layout.clean(pos)
-    attn = Attention(dense_mask(block_diffusion_mask_mod(layout, layout, 1), 2, 8, 8, dist.device))
-    with torch.no_grad():
-        before = model(torch.ones(2, 8, dtype=torch.long), pos, attn)
-        assert type(model.model.layers[0].self_attn.q_proj.weight.data) is torch.Tensor  # unsharded, not a DTensor
-        model.join_projections()
-        assert all(layer.self_attn.joint is None and layer.mlp.joint is None for layer in model.model.layers)
-        assert torch.equal(model(torch.ones(2, 8, dtype=torch.long), pos, attn), before)
-
-
 def test_infill_core_extraction():
     assert infill_core(f"```python\n{PROGRAM}```")[0] == CUT.core  # the whole program: its core is cut out
     assert infill_core(f"Here:\n```python\n{CUT.core}\n```\n")[0] == CUT.core  # a fenced core alone

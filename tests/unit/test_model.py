@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from model_fixtures import VOCAB, save_tiny_checkpoint, save_tiny_tokenizer, tiny_config, tiny_model
 
 from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout, ModelConfig,
@@ -71,47 +70,17 @@ def test_transformers_qwen3_checkpoint_reproduces_its_logits(tmp_path, tied, mod
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-class _CountMatmuls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_by_roll_is_qwens_rotate_half_bit_for_bit(dtype):
+    from dice_kernels.model.transformer import apply_rope, rope_cos_sin
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
-        return func(*args, **(kwargs or {}))
-
-
-def _matmuls_and_logits(model, ids, pos, attn):
-    with _CountMatmuls() as counter:
-        logits = model(ids, pos, attn)
-    return counter.count, logits
-
-
-def test_joined_projections_are_the_same_weights_with_fewer_gemms():
-    """After `join_projections`, q/k/v and gate/up weights are views of one matrix per layer: the state dict is
-    the same, no-grad forwards run 4 GEMMs a layer instead of 7 with the same logits, `load_state_dict` reaches
-    them, gradients still reach every weight, and `.to()` (new storage) falls back to one GEMM per weight."""
-    model, other = tiny_model().double(), tiny_model(seed=1).double()
-    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
-    pos = torch.arange(9).expand(2, -1)
-    attn = Attention(causal(pos))
-    state = {name: t.clone() for name, t in model.state_dict().items()}
-    with torch.no_grad():
-        separate, before = _matmuls_and_logits(model, ids, pos, attn)
-        model.join_projections()
-        attn_layer = model.model.layers[0].self_attn
-        assert attn_layer.q_proj.weight.untyped_storage().data_ptr() == attn_layer.v_proj.weight.untyped_storage().data_ptr()
-        assert state.keys() == model.state_dict().keys()
-        assert all(torch.equal(state[name], t) for name, t in model.state_dict().items())
-        joined, after = _matmuls_and_logits(model, ids, pos, attn)
-        assert (separate, joined) == (2 * 7 + 1, 2 * 4 + 1)  # + the lm_head
-        torch.testing.assert_close(after, before, rtol=1e-12, atol=1e-12)
-        model.load_state_dict(other.state_dict())
-        torch.testing.assert_close(model(ids, pos, attn), other(ids, pos, attn), rtol=1e-12, atol=1e-12)
-    model(ids, pos, attn).square().sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
-    with torch.no_grad():
-        assert _matmuls_and_logits(model.float(), ids, pos, attn)[0] == 2 * 7 + 1
+    x = torch.randn(2, 5, 3, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [7, 100, 4095, 9, 31]])
+    angles = pos[..., None].float() * (1.0 / 1e6 ** (torch.arange(0, 16, 2).float() / 16))
+    angles = torch.cat([angles, angles], -1)[:, :, None]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected = x * cos + torch.cat([-x[..., 8:], x[..., :8]], -1) * sin  # transformers' Qwen3 apply_rotary_pos_emb
+    assert torch.equal(apply_rope(x, *rope_cos_sin(pos, 16, 1e6, dtype)), expected)
 
 
 # ---------------------------------------------------------------- the block-diffusion mask

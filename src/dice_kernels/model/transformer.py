@@ -43,33 +43,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
-def join_weights(linears: list[nn.Linear]) -> tuple[Tensor, tuple[int, ...]] | None:
-    """Re-home the weights of linears that read the same input as row blocks of one new matrix: each weight
-    becomes a view of it (the same parameter, name, shape and values), so checkpoints, `load_state_dict` and
-    in-place optimizer steps keep working and the matrix follows them. Returns the matrix and the weights'
-    addresses (`project` checks them), or None for weights that are not plain tensors (FSDP's DTensors)."""
-    weights = [linear.weight for linear in linears]
-    if any(type(w.data) is not torch.Tensor for w in weights):
-        return None
-    with torch.inference_mode(False), torch.no_grad():  # a normal tensor: training may update it later
-        matrix = torch.cat([w.data for w in weights])
-    row = 0
-    for w in weights:
-        w.data = matrix[row: row + w.shape[0]]
-        row += w.shape[0]
-    return matrix, tuple(w.data_ptr() for w in weights)
-
-
-def project(x: Tensor, linears: list[nn.Linear], joint: tuple[Tensor, tuple[int, ...]] | None) -> list[Tensor]:
-    """x through each linear: by one GEMM over the joined matrix (wider, so it fills the GPU better, and one
-    launch) when no gradient is wanted and the weights still live in it (`.to()` or `load_state_dict(assign=True)`
-    move them out); else one GEMM per linear, which is what autograd differentiates."""
-    if joint is not None and not torch.is_grad_enabled() and \
-            tuple(linear.weight.data_ptr() for linear in linears) == joint[1]:
-        return list(F.linear(x, joint[0]).split([linear.out_features for linear in linears], -1))
-    return [linear(x) for linear in linears]
-
-
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -81,17 +54,15 @@ class SelfAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.joint: tuple[Tensor, tuple[int, ...]] | None = None  # q/k/v weights joined (`join_projections`)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention) -> Tensor:
         batch, length, _ = x.shape
-        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj], self.joint)
-        # RoPE before the head transpose: its element-wise kernels read the projections rather than transposed
-        # views (the same values; the transposed layout attention gets is unchanged)
-        q = apply_rope(self.q_norm(q.view(batch, length, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(batch, length, self.num_kv_heads, self.head_dim)), cos, sin)
+        # RoPE before the head transpose: its element-wise kernels read the contiguous projections rather than
+        # transposed views (the same values; the transposed layout attention gets is unchanged)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)), cos, sin)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         if attn.cache is not None:
             k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
         out = attend(q, k, v, attn.mask)
@@ -104,11 +75,9 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.joint: tuple[Tensor, tuple[int, ...]] | None = None  # gate/up weights joined (`join_projections`)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = project(x, [self.gate_proj, self.up_proj], self.joint)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -147,23 +116,6 @@ class BlockDiffusionLM(nn.Module):
         """Share the embedding with the lm_head when the config says so (call again after assigning weights)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-
-    def join_projections(self) -> None:
-        """Give every layer one q/k/v matrix and one gate/up matrix (views, no extra memory; see `join_weights`)
-        for inference forwards: 2 GEMMs where there were 5, the narrow k and v ones (1,024 columns for SDAR-4B)
-        widened into one that fills the GPU. Idempotent: layers whose weights still live in their matrices keep
-        them. Checkpoints and training are unchanged. A model under FSDP2 is left alone: its parameters are its
-        shards or, between forwards on one rank, views of its all-gather buffers, which it frees and refills."""
-        if torch.distributed.is_available():
-            from torch.distributed.fsdp import FSDPModule
-
-            if any(isinstance(m, FSDPModule) for m in self.modules()):
-                return
-        for layer in self.model.layers:
-            for module, linears in ((layer.self_attn, ["q_proj", "k_proj", "v_proj"]), (layer.mlp, ["gate_proj", "up_proj"])):
-                linears = [getattr(module, name) for name in linears]
-                if module.joint is None or tuple(lin.weight.data_ptr() for lin in linears) != module.joint[1]:
-                    module.joint = join_weights(linears)
 
     def hidden_states(self, input_ids: Tensor, positions: Tensor, attn: Attention) -> Tensor:
         """Final-norm hidden states [B, L, hidden] of tokens `input_ids` [B, L] at RoPE `positions` [B, L]."""

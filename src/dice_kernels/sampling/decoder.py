@@ -278,10 +278,6 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     block, mask_id = cfg.block_size or model.config.block_size, model.config.mask_token_id
     if mask_id is None:
         raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
-    if device.type == "cuda":
-        # one GEMM for q/k/v and one for gate/up (weights re-homed as views; a no-op when already done). Not on
-        # CPU, where it buys little and the shared storage would trip safetensors when the model is saved.
-        model.join_projections()
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     greedy = cfg.temperature == 0 or cfg.top_k == 1
