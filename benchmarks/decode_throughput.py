@@ -4,11 +4,14 @@ attention code (eager). Random bf16 weights.
 
     python benchmarks/decode_throughput.py --out decode.json            # SDAR-4B shapes on one GPU
     python benchmarks/decode_throughput.py --smoke --out /tmp/d.json    # tiny shapes on CPU: does it run?
+    python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
+        --out d.json --profile-replays p.json                           # + GPU time and kernels of one replay
 
 Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
 graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
 the steady state of `dice bench` and RL rollouts, which decode batch after batch of one shape). The script only
-uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run.
+uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run
+(`--profile-replays` also needs `sampling.decoder.kept_graphs`, from addea08 on).
 """
 
 from __future__ import annotations
