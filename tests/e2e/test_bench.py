@@ -24,7 +24,7 @@ from dice_kernels.cli import app
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
 RELU_CORRECT = (EXAMPLES / "solutions" / "cpu" / "level1" / "19_ReLU" / "correct.py").read_text()
-FAST = ["--backend", "cpu", "--no-progress", "--trials", "2", "--no-timing", "--jobs", "2"]
+FAST = ["--backend", "cpu", "--no-progress", "--trials", "2", "--no-timing", "--build-jobs", "2"]
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from dice_kernels.harness.cli_options import eval_options
+
 app = typer.Typer(add_completion=False, invoke_without_command=True)  # help: the callback's docstring
 console = Console(stderr=True)
 
@@ -20,6 +22,7 @@ def _fail(message: str) -> None:
 
 
 @app.callback()
+@eval_options
 def bench(
     ctx: typer.Context,
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-c", file_okay=False,
@@ -57,18 +60,8 @@ def bench(
                                "present)."),
     stage: str = typer.Option("all", help="all; generate (stop after generating, e.g. to evaluate elsewhere); "
                               "evaluate (evaluate the generations already written)."),
-    backend: str = typer.Option("auto", help="Evaluation backend: cuda, cpu or auto. On cpu the prompt asks for "
-                                "C++ extensions (load_inline with cpp_sources only)."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Builds in flight (default: the harness's, 1.25 a core)."),
-    trials: int = typer.Option(5, help="Correctness trials per candidate (DICE: 5)."),
-    timing: bool = typer.Option(True, "--timing/--no-timing", help="Time correct candidates (needed for fast_p)."),
-    compile_baseline: bool = typer.Option(False, "--compile-baseline", help="Also time torch.compile(Model) and "
-                                          "report fast_p against it (seconds to minutes per task)."),
-    timeout: float = typer.Option(300.0, help="Wall-clock seconds for one candidate's run."),
-    compile_timeout: float = typer.Option(600.0, help="Wall-clock seconds for one candidate's build."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Build cache (default $DICE_CACHE_DIR or "
-                                             "~/.cache/dice-kernels/builds)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars (off: a line per step)."),
+    eval_config=None,  # the harness's options, the same as `dice eval`'s (harness/cli_options.py)
 ) -> None:
     """Generate kernels for KernelBench tasks with a checkpoint (or take any model's outputs), evaluate them in the
     sandboxed harness and write the DICE paper's table: Exec / fast_1 / fast_2 per level, Exec before and after the
@@ -84,11 +77,8 @@ def bench(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from dataclasses import replace
-
     from dice_kernels.bench.config import BenchConfig
     from dice_kernels.bench.run import run
-    from dice_kernels.harness import BuildConfig, EvalConfig, SandboxConfig, TimingConfig
     from dice_kernels.sampling.decoder import SamplingConfig
     from dice_kernels.tasks import TaskError
 
@@ -99,16 +89,10 @@ def bench(
         decoding = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps,
                                   strategy=strategy, threshold=threshold, temperature=temperature, top_k=top_k,
                                   top_p=top_p, seed=seed, cuda_graphs=cuda_graphs)
-        evaluation = EvalConfig(backend=backend, trials=trials,
-                                timing=TimingConfig(enabled=timing, compile_baseline=compile_baseline),
-                                sandbox=SandboxConfig(run_timeout_s=timeout),
-                                build=BuildConfig(timeout_s=compile_timeout, **({"jobs": jobs} if jobs else {})))
-        if cache_dir:
-            evaluation = replace(evaluation, cache_dir=cache_dir)
         cfg = BenchConfig(out=out or Path("runs") / f"bench-{datetime.now():%Y%m%d-%H%M%S}", checkpoint=checkpoint,
                           generations=generations, tasks=tasks, levels=tuple(level), task_filter=tuple(task),
                           samples=samples, batch_size=batch_size, decoding=decoding, dtype=dtype, device=device,
-                          stage=stage, eval=evaluation)
+                          stage=stage, eval=eval_config)
         cfg.check()
     except ValueError as e:
         _fail(str(e))

@@ -56,7 +56,7 @@ def pass_ks(samples: int) -> list[int]:
 
 
 def time_split(timing: list[dict]) -> dict:
-    """Seconds in model loading, generation and evaluation summed over every session of a (resumed) run."""
+    """Seconds in model loading, generation and evaluation summed over every invocation of a (resumed) run."""
     total = lambda phase, key="seconds": sum(t.get(key, 0) for t in timing if t["phase"] == phase)  # noqa: E731
     gen_s, eval_s, load_s = total("generate"), total("evaluate"), total("load_model")
     tokens = total("generate", "tokens")
@@ -141,7 +141,7 @@ def markdown(s: dict) -> str:
               f"| evaluation | {t['evaluate_s']:.1f} | {_pct(t['evaluation_share'])}% |", ""]
     if t["tokens_per_s"]:
         lines.append(f"Generation: {t['generated_tokens']:,} tokens in {t['generated_outputs']} outputs, "
-                     f"{t['tokens_per_s']:,.1f} tokens/s. Times add up over every session of a resumed run.")
+                     f"{t['tokens_per_s']:,.1f} tokens/s. Times add up over every invocation of a resumed run.")
     lines += ["", "![benchmark](report.png)", ""]
     return "\n".join(lines)
 

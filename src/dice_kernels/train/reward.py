@@ -45,7 +45,7 @@ class RewardConfig:
             raise ConfigError("reward.fanout=ray needs Ray, which is not installed: pip install 'dice-kernels[ray]'")
 
     def evaluator(self):
-        """The harness session the run scores with: one `Evaluator` here, or the Ray fan-out of several."""
+        """The harness evaluator the run scores with: one `Evaluator` here, or the Ray fan-out of several."""
         if self.fanout == "ray":
             from dice_kernels.train.reward_fanout import RayEvaluator
 
