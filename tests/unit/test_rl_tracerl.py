@@ -79,9 +79,11 @@ def test_batched_logprobs_equal_the_naive_replay(backend):
     trajectories = _rollouts(model, temperature=1.0, strategy="dynamic", seed=2)
     assert any(len(t.tokens) % BLOCK for t in trajectories)  # a stopped row ends inside a block
     assert len({len(t.tokens) for t in trajectories}) > 1
-    batch = replay_batch(trajectories, BLOCK, MASK, PAD, multiple=16)
-    assert batch.ids.shape[1] % 16 == 0
-    assert (batch.layout.doc == 0).sum(1).tolist() == [replay_length(t, BLOCK) for t in trajectories]
+    # two rows of padding alone, as the trainer adds on flex to keep one batch shape: they score nothing
+    batch = replay_batch(trajectories, BLOCK, MASK, PAD, multiple=16, rows=6)
+    assert batch.ids.shape[0] == 6 and batch.ids.shape[1] % 16 == 0
+    assert (batch.layout.doc == 0).sum(1).tolist() == [replay_length(t, BLOCK) for t in trajectories] + [0, 0]
+    assert row_of_scored(batch).max().item() == len(trajectories) - 1
     with torch.no_grad():  # flex has no backward on CPU
         got = token_logprobs(model, batch, backend=backend, temperature=0.7)
     want = [x for row in _naive_logprobs(model, trajectories, temperature=0.7) for x in row]

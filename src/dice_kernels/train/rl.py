@@ -232,14 +232,16 @@ class RLStep:
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
-        share a forward. With flex every row of the step is padded to one length, a multiple of 1,024: flex
-        compiles one kernel per shape, so a run compiles a few, not one per micro-batch."""
+        share a forward. With flex every micro-batch of the step has `micro_rows` rows of one length, a multiple of
+        1,024: compiled flex compiles one kernel per shape, so a run compiles a few, not one per micro-batch (a
+        step trains however many rollouts had reward variance, so its last micro-batch would change size)."""
         block, mask_id = self.rollout.block_size, self.model.config.mask_token_id
         lengths = [replay_length(t, block) for t in trajs]
         rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
-        length = -(-max(lengths) // 1024) * 1024 if self.attention == "flex" else 0
-        n = self.update.micro_rows
-        return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length))
+        n, flex = self.update.micro_rows, self.attention == "flex"
+        length = -(-max(lengths) // 1024) * 1024 if flex else 0
+        return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length,
+                                    rows=n if flex else 0))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
     def update_policy(self, kept: list[tuple[int, Trajectory, float]], any_traj: Trajectory) -> dict:

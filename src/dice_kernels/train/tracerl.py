@@ -94,16 +94,20 @@ def replay_length(traj: Trajectory, block_size: int) -> int:
 
 
 def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, pad_id: int,
-                 multiple: int = 1, length: int = 0) -> ReplayBatch:
+                 multiple: int = 1, length: int = 0, rows: int = 0) -> ReplayBatch:
     """The scoring layout of a batch of trajectories, rows padded to `length` tokens, or to the longest row rounded
-    up to a multiple of `multiple` (flex compiles one kernel per shape: a trainer pads to few shapes)."""
-    rows = [_row(t, block_size, mask_id) for t in trajectories]
-    longest = max(len(r[0]) for r in rows)
+    up to a multiple of `multiple`, and with rows of padding alone up to `rows` rows (compiled flex compiles one
+    kernel per shape, batch size included: a trainer pads to few shapes). Padding rows score nothing."""
+    if rows and len(trajectories) > rows:
+        raise ValueError(f"{len(trajectories)} trajectories do not fit in rows={rows}")
+    laid = [_row(t, block_size, mask_id) for t in trajectories]
+    longest = max(len(r[0]) for r in laid)
     if length and longest > length:
         raise ValueError(f"a trajectory's scoring row has {longest} tokens, more than length={length}")
     length = length or -(-longest // multiple) * multiple
+    laid += [([], [], [], [], [])] * (rows - len(laid))
     cols: list[list[list[int]]] = [[], [], [], [], [], []]
-    for ids, pos, noisy, copy, targets in rows:
+    for ids, pos, noisy, copy, targets in laid:
         tail = length - len(ids)
         # the padding is a sample of its own (doc 1), clean at position 0: it sees only itself, never a response
         for col, values, fill in zip(cols, (ids, pos, noisy, copy, targets, [0] * len(ids)),
