@@ -1,4 +1,4 @@
-"""Decoding throughput of the block-diffusion sampler (static, block 4, 1 and 2 tokens per forward), eager and with
+r"""Decoding throughput of the block-diffusion sampler (static, block 4, 1 and 2 tokens per forward), eager and with
 CUDA graphs side by side, next to an autoregressive decode of the same model through the same KV cache and
 attention code (eager). Random bf16 weights.
 
@@ -6,12 +6,16 @@ attention code (eager). Random bf16 weights.
     python benchmarks/decode_throughput.py --smoke --out /tmp/d.json    # tiny shapes on CPU: does it run?
     python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
         --out d.json --profile-replays p.json                           # + GPU time and kernels of one replay
+    python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
+        --out dc.json --compile                                         # layers' element-wise work compiled
 
 Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
 graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
 the steady state of `dice bench` and RL rollouts, which decode batch after batch of one shape). The script only
 uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run
-(`--profile-replays` also needs `sampling.decoder.kept_graphs`, from addea08 on).
+(`--profile-replays` also needs `sampling.decoder.kept_graphs`, from addea08 on; `--compile` needs
+`SamplingConfig.compile`). With `--compile` the untimed warm-up call compiles the layers' regions (prefill and
+decode shapes); the first timed call compiles nothing new but runs one ungraphed forward before each capture.
 """
 
 from __future__ import annotations
@@ -119,6 +123,9 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,graphs", help="block-sampler modes to time: eager, graphs")
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
+    parser.add_argument("--compile", action="store_true",
+                        help="fuse each layer's element-wise regions with torch.compile (SamplingConfig.compile, "
+                             "CUDA only); the untimed warm-up call compiles them")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -148,7 +155,8 @@ def main() -> None:
         for per_forward in (int(k) for k in args.per_forward.split(",")):
             for mode in args.modes.split(","):
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
-                                          strategy="static", cuda_graphs=mode == "graphs")
+                                          strategy="static", cuda_graphs=mode == "graphs",
+                                          **({"compile": True} if args.compile else {}))  # older checkouts lack it
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
                 name = f"block4_{per_forward}tok_{mode}"
                 if mode == "graphs":
@@ -191,7 +199,7 @@ def main() -> None:
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "sdpa_only": args.sdpa_only, "modes": args.modes,
+        "sdpa_only": args.sdpa_only, "compile": args.compile, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:

@@ -9,6 +9,7 @@ import typer
 from model_fixtures import VOCAB, save_tiny_checkpoint, tiny_model
 from typer.testing import CliRunner
 
+from dice_kernels.model.transformer import LayerOps, attention_inputs, mlp_residual
 from dice_kernels.sampling import Generator, SamplingConfig, decode
 from dice_kernels.sampling.cli import generate
 from dice_kernels.prompts import e2e_user
@@ -99,6 +100,21 @@ class _FavourToken(torch.nn.Module):
         logits = self.head(hidden)
         logits[..., self.token] += 100
         return logits
+
+
+def test_layer_regions_trace_whole_and_decode_like_eager():
+    """Each layer region traces as one graph (fullgraph, as `compiled_ops` compiles them), through a prefill shape
+    and then the decode shapes (dynamic once the length changes), and gives eager's tokens. aot_eager runs the
+    traced graphs: inductor's CPU code takes ~35 s to build (it too decoded the same tokens, checked by hand);
+    the GPU test below runs inductor."""
+    model = tiny_model()
+    prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
+    traced = LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    cfg = SamplingConfig(max_new_tokens=40, steps=2)
+    with model.using_layer_ops(traced):
+        compiled = decode(model, prompts, cfg, NO_STOP)
+    eager = decode(model, prompts, cfg, NO_STOP)
+    assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
 
 
 def test_the_mask_token_is_never_generated():
@@ -243,3 +259,18 @@ def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
     graphed = decode(model, second, cfg, [7])  # replays the first call's graphs
     eager = decode(model, second, eager_cfg, [7])
     assert (graphed.tokens, graphed.unmask_steps, graphed.stopped) == (eager.tokens, eager.unmask_steps, eager.stopped)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_layers_in_cuda_graphs_decode_like_eager():
+    """`compile=True` (inductor-fused layer regions, captured into the graphs after a warm-up forward of each new
+    shape) gives the tokens and trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a
+    token; a second call replays the graphs the first one kept."""
+    model = tiny_model().cuda()
+    prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
+    cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True)
+    compiled = decode(model, prompts, cfg, NO_STOP)
+    eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False}), NO_STOP)
+    assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
+    assert decode(model, prompts, cfg, NO_STOP).tokens == eager.tokens

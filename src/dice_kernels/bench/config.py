@@ -50,8 +50,10 @@ class BenchConfig:
 
     def generation_settings(self) -> dict:
         """What a generation depends on: a resumed run must match it, and every generation file records it."""
-        # use_cache and cuda_graphs change how fast tokens come, not which
-        decoding = {k: v for k, v in asdict(self.decoding).items() if k not in ("use_cache", "cuda_graphs")}
+        # use_cache and cuda_graphs change how fast tokens come, not which; compile may change them by rounding, so
+        # it is recorded when on (off, the settings are those recorded before it existed, and old runs resume)
+        decoding = {k: v for k, v in asdict(self.decoding).items()
+                    if k not in ("use_cache", "cuda_graphs") and (k != "compile" or v)}
         return {"checkpoint": str(self.checkpoint.resolve()) if self.checkpoint else None,
                 "decoding": decoding, "dtype": self.dtype,
                 "prompt_backend": self.eval.resolved_backend()}

@@ -3,7 +3,8 @@ absolute position 0, each denoised in up to `steps` forwards against a KV cache.
 per token, the denoising step that unmasked it (the trajectory RL replays). On CUDA each decode forward is replayed
 as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels.
 The graphs, with the state, cache and stop-id tensors they read, are kept per model for the next call of the same
-shape (`release_graphs` frees them)."""
+shape (`release_graphs` frees them). `SamplingConfig.compile` also fuses each layer's element-wise work with
+torch.compile (`model.transformer.compiled_ops`) before the graphs capture it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from dice_kernels.model.attention import Attention, KVCache, Layout, block_diffusion_mask_mod, dense_mask
-from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.model.transformer import BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
 
 # A CUDA graph fixes every shape, so forwards attend over a span of cache slots rounded up to a multiple of this
@@ -42,6 +43,11 @@ class SamplingConfig:
     # CUDA with the cache: replay each decode forward as a CUDA graph (one per shape, captured when first needed)
     # instead of launching its ~1,000 kernels from Python; False: eager (CPU always runs eager)
     cuda_graphs: bool = True
+    # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops):
+    # fewer, fused kernels a forward, for compiles on first use (the prefill's shape, then one dynamic-length
+    # compile for the decode shapes); tokens may differ from uncompiled decoding by low-precision rounding.
+    # Ignored on CPU.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -104,9 +110,10 @@ class _CachedForward:
     first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
     """
 
-    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool):
+    def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool,
+                 compiled: bool):
         cfg, seq = model.config, state.seq
-        self.model, self.block, self.graph_denoise = model, block, graph_denoise
+        self.model, self.block, self.graph_denoise, self.compiled = model, block, graph_denoise, compiled
         self.denoise: Callable[[Tensor], None] = lambda logits: None  # set by each decode call
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
         # (any_commit, span) -> graph; None: eager. Every graph writes its logits to one buffer and draws its
@@ -145,13 +152,16 @@ class _CachedForward:
 
     def _capture(self, state: _State, any_commit: bool, span: int) -> torch.cuda.CUDAGraph:
         """Record one forward of this shape. Inputs are the state's tensors and the cache, read at replay time."""
-        if self.logits is None:
-            # Lazy initialisation (cuBLAS handles and workspaces) cannot happen inside a capture: run the forward
-            # once first, on a side stream as capture does. It only rewrites the current blocks' cache slots.
+        if self.logits is None or self.compiled:
+            # Lazy initialisation (cuBLAS handles and workspaces; compiling and autotuning a shape torch.compile
+            # has not seen) cannot happen inside a capture: run the forward once first, on a side stream as
+            # capture does. It only rewrites the current blocks' cache slots.
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.logits = torch.empty_like(self._forward(state, any_commit, span))
+                logits = self._forward(state, any_commit, span)
+            if self.logits is None:  # one buffer for every graph: those captured before write to it too
+                self.logits = torch.empty_like(logits)
             torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
@@ -264,7 +274,7 @@ def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg:
         return kept
     _WORKSPACES.pop(model, None)  # its cache and graphs go before the new ones are allocated
     stops = torch.tensor(stop_ids, dtype=torch.long, device=state.seq.device)
-    forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=greedy)
+    forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=greedy, compiled=cfg.compile)
     space = _Workspace(key, state, stops, forward)
     if forward.graphs is not None:
         _WORKSPACES[model] = space
@@ -281,34 +291,36 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     greedy = cfg.temperature == 0 or cfg.top_k == 1
-    cached = None
-    if cfg.use_cache:
-        space = _workspace(model, state, stop_ids, cfg, block, greedy)
-        state, stops, cached = space.state, space.stops, space.forward
-        cached.prefill(state)
-    else:
-        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
-                                generator=generator)
-    if cached is not None:
-        cached.denoise = denoise  # graphs captured in an earlier call replay its (greedy) step with these tensors
-    max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
-    forwards = 0
-    while True:
-        # The one host sync per forward: the loop condition and the shapes of the next forward.
-        all_done, any_commit, furthest = torch.stack(
-            [state.done.all(), state.commit.any(), state.start.max()]).tolist()
-        if all_done:
-            break
-        if forwards == max_forwards:
-            raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
-        kv_len = furthest + block
-        if cached is not None:
-            cached(state, bool(any_commit), kv_len)
+    ops = compiled_ops() if cfg.compile and device.type == "cuda" else model.layer_ops
+    with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
+        cached = None
+        if cfg.use_cache:
+            space = _workspace(model, state, stop_ids, cfg, block, greedy)
+            state, stops, cached = space.state, space.stops, space.forward
+            cached.prefill(state)
         else:
-            denoise(_uncached_forward(model, state, block, kv_len))
-        forwards += 1
-    return _collect(state, cfg.max_new_tokens, stops, forwards, block)
+            stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
+                                    generator=generator)
+        if cached is not None:
+            cached.denoise = denoise  # graphs captured in an earlier call replay its (greedy) step with these tensors
+        max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
+        forwards = 0
+        while True:
+            # The one host sync per forward: the loop condition and the shapes of the next forward.
+            all_done, any_commit, furthest = torch.stack(
+                [state.done.all(), state.commit.any(), state.start.max()]).tolist()
+            if all_done:
+                break
+            if forwards == max_forwards:
+                raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
+            kv_len = furthest + block
+            if cached is not None:
+                cached(state, bool(any_commit), kv_len)
+            else:
+                denoise(_uncached_forward(model, state, block, kv_len))
+            forwards += 1
+        return _collect(state, cfg.max_new_tokens, stops, forwards, block)
 
 
 def _collect(state: _State, max_new: int, stops: Tensor, forwards: int, block: int) -> Decoded:
