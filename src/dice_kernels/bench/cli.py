@@ -54,6 +54,9 @@ def bench(
     seed: Optional[int] = typer.Option(None, help="Random seed for sampling (temperature > 0)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--eager", help="Replay the decode step as CUDA graphs "
                                      "(GPU only; --eager launches every kernel from Python)."),
+    compile_layers: bool = typer.Option(False, "--compile/--no-compile", help="Fuse each layer's norms, RoPE, SiLU "
+                                        "and residual adds with torch.compile (CUDA only; 1.12x tokens/s at batch "
+                                        "128 on an H200, compiled once a process; bf16 rounding may change tokens)."),
     dtype: str = typer.Option("auto", help="Model weights: auto (the checkpoint's on GPU, float32 on CPU), "
                               "bfloat16, float16 (DICE), float32."),
     device: str = typer.Option("auto", help="Where the model generates: cuda, cpu, cuda:1 ... (auto: cuda when "
@@ -88,7 +91,8 @@ def bench(
     try:
         decoding = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps,
                                   strategy=strategy, threshold=threshold, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, seed=seed, cuda_graphs=cuda_graphs)
+                                  top_p=top_p, seed=seed, cuda_graphs=cuda_graphs,
+                                  compile=compile_layers)
         cfg = BenchConfig(out=out or Path("runs") / f"bench-{datetime.now():%Y%m%d-%H%M%S}", checkpoint=checkpoint,
                           generations=generations, tasks=tasks, levels=tuple(level), task_filter=tuple(task),
                           samples=samples, batch_size=batch_size, decoding=decoding, dtype=dtype, device=device,
