@@ -103,32 +103,12 @@ def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):
     assert {start, start + 3} <= cuts  # no token spans the number's edges
 
 
-def test_missing_headers_plans_the_world_programs_headers_at_spare_time_niceness(tmp_path, monkeypatch):
-    from dice_kernels.demo.config import preset
-    from dice_kernels.demo.run import missing_headers
-    from dice_kernels.harness.build_speed import SPARE_TIME_NICE
-
-    monkeypatch.setenv("DICE_CACHE_DIR", str(tmp_path / "cache"))  # a cold build cache
-    files = write_world(build_world(0, 40, 4), tmp_path / "world", "cpu")
-    plans = missing_headers(preset("cpu", tmp_path / "demo"), files)
-    # load_inline's default flags and the -O3 the world's C++ programs name: the headers the harness would plan
-    assert sorted(p.variant for p in plans) == [(), ("-O3",)]
-    assert all(p.nice == SPARE_TIME_NICE and not p.ready and str(p.root).startswith(str(tmp_path / "cache"))
-               for p in plans)
-    assert missing_headers(preset("gpu", tmp_path / "demo-gpu"), files) == []  # CUDA builds plan their own
-
-
 @pytest.mark.slow
-def test_reduced_demo_runs_end_to_end_and_reports(tmp_path, build_cache, monkeypatch):
+def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     from typer.testing import CliRunner
 
     from dice_kernels.cli import app
-    from dice_kernels.demo.config import preset
-    from dice_kernels.demo.run import missing_headers
-    from dice_kernels.demo.world import WorldFiles
 
-    # the session's build cache: the headers the CPU demo precompiles while SFT trains are built once per session
-    monkeypatch.setenv("DICE_CACHE_DIR", str(build_cache))
     out = tmp_path / "demo"
     overrides = ["world.n_train=40", "world.n_heldout=2", "model.hidden_size=32", "model.intermediate_size=64",
                  "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
@@ -145,10 +125,6 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path, build_cache, monkeyp
     assert (out / "report.md").is_file() and (out / "curves.png").stat().st_size > 0
     phases = [json.loads(line).get("phase") for line in (out / "sft_bicrl" / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["infill", "e2e"]
-    world = out / "world"
-    files = WorldFiles(*(world / f"{n}.jsonl" for n in ("pairs", "sft", "rl_infill", "rl_e2e", "train_tasks",
-                                                        "heldout_tasks")))
-    assert missing_headers(preset("cpu", out), files) == []  # the demo leaves its programs' headers built
     # a second run resumes: every stage's outputs exist, nothing is trained again
     mtime = (out / "sft" / "final" / "config.json").stat().st_mtime
     assert CliRunner().invoke(app, args).exit_code == 0

@@ -12,7 +12,7 @@ console = Console(stderr=True)
 
 
 def demo(
-    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model and C++ kernels, minutes on 2 cores; gpu: "
+    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model and C++ kernels, ~26 minutes on 2 idle cores; gpu: "
                               "a larger model, more steps and CUDA kernels on one GPU."),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder; running again with the same folder "
                              "resumes (each finished stage is skipped)."),

@@ -1,5 +1,5 @@
-"""`DemoConfig`: every knob of one `dice demo` run in one typed place, with a preset per scale (cpu: a laptop's
-two cores in minutes; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set` overrides."""
+"""`DemoConfig`: every knob of one `dice demo` run in one typed place, with a preset per scale (cpu: ~26 minutes
+of two idle cores, docs/demo.md; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 

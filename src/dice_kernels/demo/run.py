@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -101,39 +100,6 @@ def _longest(files: WorldFiles, tokenizer_dir: Path) -> int:
     tok = load_tokenizer(tokenizer_dir)
     longest = max(len(tok.encode(r["prompt"] + r["response"], add_special_tokens=False)) for r in read_jsonl(files.sft))
     return -(-(longest + 4) // 4) * 4
-
-
-def missing_headers(cfg: DemoConfig, files: WorldFiles) -> list:
-    """The harness's precompiled torch headers (build_speed.py) that the world's C++ programs would compile with
-    and the build cache does not hold yet, planned at the harness's spare-time niceness; [] on the GPU preset
-    (CUDA builds: the harness plans those headers itself) or with the build speed-ups off."""
-    if cfg.backend != "cpu":
-        return []
-    from dice_kernels.data.records import read_jsonl
-    from dice_kernels.harness import EvalConfig
-    from dice_kernels.harness.build_speed import SPARE_TIME_NICE, pch_variants, plan_pch
-
-    config = EvalConfig(backend=cfg.backend)  # the cache and build settings stage_bench and the RL reward use
-    if not config.build.fast:
-        return []
-    codes = [r["kernel"] for r in read_jsonl(files.pairs)]
-    return [dataclasses.replace(p, nice=SPARE_TIME_NICE)
-            for p in plan_pch(config.cache_dir, with_cuda=False, variants=pch_variants(codes)) if not p.ready]
-
-
-def start_headers(cfg: DemoConfig, files: WorldFiles) -> threading.Thread | None:
-    """Build `missing_headers` in the background while SFT trains. SFT leaves ~0.3 of 2 cores idle (803 s of CPU
-    in 473 s of wall); on a cold build cache the first benchmark's builds would otherwise wait ~65 s for these
-    headers with both cores compiling them. The same plans and cache the harness uses, so no candidate's build
-    changes; niced, so SFT keeps the cores it uses."""
-    from dice_kernels.harness.build_speed import build_pch
-
-    plans = missing_headers(cfg, files)
-    if not plans:
-        return None
-    thread = threading.Thread(target=build_pch, args=(plans,), name="demo-pch", daemon=True)
-    thread.start()
-    return thread
 
 
 def stage_sft(cfg: DemoConfig, files: WorldFiles, init: Path, tokenizer_dir: Path) -> Path:
@@ -306,10 +272,7 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     tokenizer = timings.run("tokenizer", stage_tokenizer, cfg, files)
     init = timings.run("init", stage_init, cfg, tokenizer)
     echo(f"SFT: {cfg.sft.steps} steps from a random init -> {cfg.out / 'sft'}")
-    headers = start_headers(cfg, files)
     sft = timings.run("sft", stage_sft, cfg, files, init, tokenizer)
-    if headers is not None:  # a header still being built would be built a second time by the first benchmark
-        timings.run("headers", headers.join)
     why = _missing("dice_kernels.train.rl")
     arms: dict[str, dict | Gap] = {}
     for arm in ARMS:  # each arm is benchmarked as soon as it is trained, so a stopped demo has its finished arms
