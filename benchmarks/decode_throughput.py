@@ -7,7 +7,7 @@ attention code (eager). Random bf16 weights.
     python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
         --out d.json --profile-replays p.json                           # + GPU time and kernels of one replay
     python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
-        --out dc.json --compile                                         # layers' element-wise work compiled
+        --out dc.json --compile                                         # layers' regions and attention compiled
 
 Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
 graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
@@ -15,7 +15,7 @@ the steady state of `dice bench` and RL rollouts, which decode batch after batch
 uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run
 (`--profile-replays` also needs `sampling.decoder.kept_graphs`, from addea08 on; `--compile` needs
 `SamplingConfig.compile`). With `--compile` the untimed warm-up call compiles the layers' regions (prefill and
-decode shapes); the first timed call compiles nothing new but runs one ungraphed forward before each capture.
+decode shapes) and, from decode-attn on, the cached attention (flex, autotuned); the first timed call compiles nothing new but runs one ungraphed forward before each capture.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
     parser.add_argument("--compile", action="store_true",
-                        help="fuse each layer's element-wise regions with torch.compile (SamplingConfig.compile, "
+                        help="fuse each layer's element-wise regions and attention with torch.compile (SamplingConfig.compile, "
                              "CUDA only); the untimed warm-up call compiles them")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "

@@ -7,11 +7,14 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 from model_fixtures import VOCAB, save_tiny_checkpoint, save_tiny_tokenizer, tiny_config, tiny_model
 
 from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout, ModelConfig,
                                 block_diffusion_mask_mod, dense_mask, flex_block_mask, load_config, load_model,
                                 save_model)
+from dice_kernels.model import attention
+from dice_kernels.model.attention import attend, cached_block_mask, fold_gqa_mask
 from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
 
 CPU = torch.device("cpu")
@@ -240,3 +243,69 @@ def test_compiled_flex_matches_dense_on_gpu():
     flex_out = model(ids, layout.pos, Attention(flex_block_mask(mask_mod, 1, n, n, dev)))
     torch.testing.assert_close(flex_out, dense_out, rtol=1e-4, atol=1e-4)
     flex_out.sum().backward()  # compiled flex has a backward on GPU
+
+
+def _cached_attention_case(device: torch.device, dtype: torch.dtype, queries: int, kv_len: int, head_dim: int = 16):
+    """A decode forward's attention inputs over a 260-slot cache, 8 query heads over 2 kv heads (SDAR's ratio): rows
+    at different blocks (block 4), the first and last committing their finished block as clean queries when `queries`
+    is 8. Returns q, k, v, the mask_mod over
+    every slot (`cached_block_mask`'s) and the one over [0, kv_len) (the matmul path's)."""
+    batch, q_heads, kv_heads, slots, block = 3, 8, 2, 260, 4
+    start = torch.tensor([kv_len - 28, kv_len - 100, kv_len - 4], device=device)
+    cur = start[:, None] + torch.arange(block, device=device)
+    noisy = torch.ones_like(cur, dtype=torch.bool)
+    if queries == 2 * block:
+        commit = torch.tensor([True, False, True], device=device)[:, None]
+        cur, noisy = torch.cat([torch.where(commit, cur - block, cur), cur], 1), torch.cat([~commit.expand(-1, 4), noisy], 1)
+    q = torch.randn(batch, queries, q_heads, head_dim, device=device, dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(batch, kv_heads, slots, head_dim, device=device, dtype=dtype) for _ in range(2))
+
+    def mask_mod(keys: int):
+        k_pos = torch.arange(keys, device=device).expand(batch, -1)
+        return block_diffusion_mask_mod(Layout(torch.zeros_like(cur), cur, noisy),
+                                        Layout(torch.zeros_like(k_pos), k_pos, k_pos >= start[:, None]), block)
+
+    return q, k, v, mask_mod(slots), mask_mod(kv_len)
+
+
+def _matmul_attention(q, k, v, mask_mod, kv_len: int) -> torch.Tensor:
+    batch, q_heads, queries, _ = q.shape
+    bias = fold_gqa_mask(dense_mask(mask_mod, batch, queries, kv_len, q.device), q_heads // k.shape[1], k.shape[1],
+                         q.dtype)
+    return attend(q, k[:, :, :kv_len], v[:, :, :kv_len], bias)
+
+
+@pytest.mark.parametrize("queries", [4, 8])
+def test_flex_over_the_whole_cache_matches_the_matmul_path_over_the_span(queries):
+    """Compiled decoding's attention (flex over every cache slot, key blocks past the span unlisted) gives the
+    uncompiled matmul path's output over the span; traced whole (fullgraph, aot_eager as in the sampling tests), one
+    graph per query count serves every span and every forward's fresh mask_mod (no recompiles)."""
+    counter = CompileCounterWithBackend("aot_eager")
+    traced = torch.compile(attention._flex_gqa, fullgraph=True, dynamic=False, backend=counter)
+    for kv_len in (128, 256):
+        q, k, v, over_cache, over_span = _cached_attention_case(CPU, torch.float32, queries, kv_len)
+        mask = cached_block_mask(over_cache, q.shape[0], queries, kv_len, k.shape[2], CPU)
+        expected = _matmul_attention(q, k, v, over_span, kv_len)
+        torch.testing.assert_close(attend(q, k, v, mask, cached=True), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(traced(q, k, v, mask), expected, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("queries", [4, 8])
+def test_compiled_flex_over_the_cache_in_a_cuda_graph_matches_the_matmul_path(queries):
+    """The inductor flex-decoding kernel at SDAR's head_dim and GQA ratio, bf16, replayed from a CUDA graph captured
+    after a warm-up call (as the decoder does) with the mask built inside the capture."""
+    dev = torch.device("cuda")
+    q, k, v, over_cache, over_span = _cached_attention_case(dev, torch.bfloat16, queries, 256, head_dim=128)
+
+    def run() -> torch.Tensor:
+        return attend(q, k, v, cached_block_mask(over_cache, q.shape[0], queries, 256, k.shape[2], dev), cached=True)
+
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    graph.replay()
+    torch.testing.assert_close(out, _matmul_attention(q, k, v, over_span, 256), rtol=2e-2, atol=2e-2)

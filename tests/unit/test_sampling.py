@@ -9,8 +9,10 @@ import typer
 from model_fixtures import VOCAB, save_tiny_checkpoint, tiny_model
 from typer.testing import CliRunner
 
+from dice_kernels.model import attention
+from dice_kernels.model.attention import _flex_gqa as flex_gqa
 from dice_kernels.model.transformer import LayerOps, attention_inputs, mlp_residual
-from dice_kernels.sampling import Generator, SamplingConfig, decode
+from dice_kernels.sampling import Generator, SamplingConfig, decode, decoder
 from dice_kernels.sampling.cli import generate
 from dice_kernels.prompts import e2e_user
 from dice_kernels.sampling.strategies import choose_unmask, sample_tokens, transfer_count
@@ -114,6 +116,25 @@ def test_layer_regions_trace_whole_and_decode_like_eager():
     with model.using_layer_ops(traced):
         compiled = decode(model, prompts, cfg, NO_STOP)
     eager = decode(model, prompts, cfg, NO_STOP)
+    assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
+def test_cached_flex_attention_decodes_like_eager(monkeypatch):
+    """Compiled decoding attends through flex over the whole KV cache (`cached_block_mask`); run here on CPU (eager
+    flex, regions traced by aot_eager) by letting compile=True act on CPU, it gives uncompiled decoding's tokens, with
+    rows at different blocks and forwards that commit."""
+    model = tiny_model()
+    prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
+    traced = LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
+    monkeypatch.setattr(decoder, "compiled_ops", lambda: traced)
+    flex_calls = []
+    monkeypatch.setattr(attention, "_flex_gqa", lambda *args: flex_calls.append(1) or flex_gqa(*args))
+    cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True)
+    compiled = decode(model, prompts, cfg, NO_STOP)
+    assert flex_calls  # the decode forwards went through flex
+    eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False}), NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
 
 
@@ -264,8 +285,8 @@ def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_layers_in_cuda_graphs_decode_like_eager():
-    """`compile=True` (inductor-fused layer regions, captured into the graphs after a warm-up forward of each new
-    shape) gives the tokens and trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a
+    """`compile=True` (inductor-fused layer regions and flex-decoding attention over the cache, captured into the
+    graphs after a warm-up forward of each new shape) gives the tokens and trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a
     token; a second call replays the graphs the first one kept."""
     model = tiny_model().cuda()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]

@@ -1,6 +1,7 @@
-"""Who may attend to whom, and the two kernels that apply it. The block-diffusion rule is one `mask_mod` function
+"""Who may attend to whom, and the kernels that apply it. The block-diffusion rule is one `mask_mod` function
 of per-token metadata (`Layout`); FlexAttention evaluates it lazily (no L x L tensor), and the SDPA path (KV cache,
-CPU, the dense benchmark variant) gets its boolean mask from the same function, evaluated with broadcasting."""
+CPU, the dense benchmark variant) gets its boolean mask from the same function, evaluated with broadcasting. Compiled
+decoding attends over the KV cache through flex too (`cached_block_mask`)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,23 @@ def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, devi
     return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
 
 
+# flex's tile of key slots (its default sparse block size); the decoding mask lists key blocks of this many slots.
+FLEX_BLOCK = 128
+
+
+def cached_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, slots: int,
+                      device: torch.device) -> BlockMask:
+    """A flex `BlockMask` for `q_len` cached queries attending over the whole cache, slots [0, `slots`), of which only
+    [0, kv_len) may be visible: the key blocks below kv_len are listed (as partial blocks: `mask_mod` decides within
+    them), the later ones skipped without being read. The key length is the cache's for every kv_len, so one compile
+    of the attention serves every span. Built from tensors only (no compile, no host sync): capturable in a CUDA
+    graph. `mask_mod` must hide every slot at or past kv_len itself too: eager flex (CPU) ignores the block list."""
+    listed = torch.full((batch, 1, 1), -(-kv_len // FLEX_BLOCK), dtype=torch.int32, device=device)
+    order = torch.arange(-(-slots // FLEX_BLOCK), dtype=torch.int32, device=device).repeat(batch, 1, 1, 1)
+    return BlockMask.from_kv_blocks(listed, order, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(q_len, slots), compute_q_blocks=False)
+
+
 class KVCache:
     """Keys and values of every layer, indexed by slot. The sampler uses slot = absolute position, plus a few
     scratch slots past the end for padding queries whose K/V must go nowhere."""
@@ -103,7 +121,7 @@ class KVCache:
 class Attention:
     """How the tokens of one forward attend.
 
-    mask:  a flex `BlockMask`, or a dense bool [B, 1, Q, K] (SDPA path);
+    mask:  a flex `BlockMask` (with a cache: a `cached_block_mask`), or a dense bool [B, 1, Q, K] (SDPA path);
     cache: if given, each layer writes its K/V to `slots` [B, Q] and attends over cache slots [0, kv_len),
            so K is the cache, not the forward's own tokens.
     """
@@ -136,13 +154,31 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor) -> Tensor:
+def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+
+@functools.cache
+def _compiled_small_query_flex() -> Callable:
+    """Flex for a few queries over a KV cache (`cached_block_mask`): inductor lowers it to its flex-decoding kernel,
+    which packs the query heads of a kv head into one tile, so one kernel reads each key and value once and applies
+    scale, mask and softmax on the way (instead of the matmul path's GEMM, softmax, GEMM and a dense bias a forward).
+    max_autotune times its few tile configs at compile time: the untuned default runs without software pipelining.
+    Its own code object, so its compiles (one per query count, batch and cache length) have their own torch._dynamo
+    recompile limit rather than sharing training's."""
+    return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": True})
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor, cached: bool = False) -> Tensor:
     """Attention of q [B, Hq, Q, D] over k, v [B, Hkv, K, D]; a dense `mask` comes from `fold_gqa_mask`: a bool
-    mask for SDPA, or a float bias for the matmul path."""
+    mask for SDPA, or a float bias for the matmul path. `cached`: k and v are a KV cache (a `cached_block_mask`)."""
     if isinstance(mask, BlockMask):
         # Eager flex runs on CPU (forward only) by materialising scores; on CUDA it must be compiled to be fused.
-        flex = _compiled_flex() if q.is_cuda else flex_attention
-        return flex(q, k, v, block_mask=mask, enable_gqa=True)
+        if not q.is_cuda:
+            return _flex_gqa(q, k, v, mask)
+        if cached:
+            return _compiled_small_query_flex()(q, k, v, mask)
+        return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
     # GQA without copying K/V: the G query heads that share a kv head become G x Q queries of that head.
     # Works with every SDPA backend (enable_gqa does not) and suits decoding, where Q is tiny.
     batch, q_heads, q_len, head_dim = q.shape

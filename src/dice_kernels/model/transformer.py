@@ -116,7 +116,7 @@ class SelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if attn.cache is not None:
             k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
-        return attend(q, k, v, attn.mask).transpose(1, 2).reshape(batch, length, -1)
+        return attend(q, k, v, attn.mask, cached=attn.cache is not None).transpose(1, 2).reshape(batch, length, -1)
 
 
 class MLP(nn.Module):

@@ -4,7 +4,8 @@ per token, the denoising step that unmasked it (the trajectory RL replays). On C
 as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels.
 The graphs, with the state, cache and stop-id tensors they read, are kept per model for the next call of the same
 shape (`release_graphs` frees them). `SamplingConfig.compile` also fuses each layer's element-wise work with
-torch.compile (`model.transformer.compiled_ops`) before the graphs capture it."""
+torch.compile (`model.transformer.compiled_ops`), and attends through compiled flex over the KV cache in place
+(`model.attention.cached_block_mask`), before the graphs capture it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from dice_kernels.model.attention import Attention, KVCache, Layout, block_diffusion_mask_mod, dense_mask
+from dice_kernels.model.attention import (Attention, KVCache, Layout, block_diffusion_mask_mod, cached_block_mask,
+                                          dense_mask)
 from dice_kernels.model.transformer import BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
 
@@ -43,10 +45,11 @@ class SamplingConfig:
     # CUDA with the cache: replay each decode forward as a CUDA graph (one per shape, captured when first needed)
     # instead of launching its ~1,000 kernels from Python; False: eager (CPU always runs eager)
     cuda_graphs: bool = True
-    # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops):
+    # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops), and
+    # decode forwards' attention through compiled flex over the KV cache in place (attention.cached_block_mask):
     # fewer, fused kernels a forward, for compiles on first use (the prefill's shape, then one dynamic-length
-    # compile for the decode shapes); tokens may differ from uncompiled decoding by low-precision rounding.
-    # Ignored on CPU.
+    # compile for the decode shapes; flex: one per query count, batch and cache length); tokens may differ from
+    # uncompiled decoding by low-precision rounding. Ignored on CPU.
     compile: bool = False
 
     def __post_init__(self) -> None:
@@ -113,6 +116,7 @@ class _CachedForward:
     def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool,
                  compiled: bool):
         cfg, seq = model.config, state.seq
+        # compiled: the layers run compiled regions, and decode forwards attend through flex (`_forward`)
         self.model, self.block, self.graph_denoise, self.compiled = model, block, graph_denoise, compiled
         self.denoise: Callable[[Tensor], None] = lambda logits: None  # set by each decode call
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
@@ -183,14 +187,21 @@ class _CachedForward:
             q_pos = torch.cat([first_pos, cur], 1)
             q_slots = torch.cat([torch.where(commit, cur - block, self.scratch + offsets), cur], 1)
             q_noisy = torch.cat([~commit.expand_as(cur), q_noisy], 1)
-        k_pos = torch.arange(kv_len, device=cur.device).expand(cur.shape[0], -1)
+        # Compiled, attention reads the whole cache (flex skips the key blocks past kv_len unread), so its shapes are
+        # the same for every span and one compile serves them all; eager, the dense mask covers the span only.
+        slots = self.cache.k.shape[3] if self.compiled else kv_len
+        k_pos = torch.arange(slots, device=cur.device).expand(cur.shape[0], -1)
         queries = Layout(doc=torch.zeros_like(q_pos), pos=q_pos, noisy=q_noisy)
         # Cache slot = position. Slots from the current block on hold this forward's noisy tokens, or stale
         # data and scratch slots in later blocks, which the block rule hides.
         keys = Layout(doc=torch.zeros_like(k_pos), pos=k_pos, noisy=k_pos >= state.start[:, None])
-        mask = dense_mask(block_diffusion_mask_mod(queries, keys, block), *q_pos.shape, kv_len, cur.device)
+        mask_mod = block_diffusion_mask_mod(queries, keys, block)
+        if self.compiled:
+            mask = cached_block_mask(mask_mod, *q_pos.shape, kv_len, slots, cur.device)
+        else:
+            mask = dense_mask(mask_mod, *q_pos.shape, kv_len, cur.device)
         ids = state.seq.gather(1, q_pos)
-        return self.model(ids, q_pos, Attention(mask, self.cache, q_slots, kv_len), keep=slice(-block, None))
+        return self.model(ids, q_pos, Attention(mask, self.cache, q_slots, slots), keep=slice(-block, None))
 
 
 def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len: int) -> Tensor:
@@ -234,6 +245,11 @@ def _denoise_step(state: _State, logits: Tensor, *, cfg: SamplingConfig, block: 
     state.masked_at_start.masked_fill_(advance, block)
 
 
+def _compiles(cfg: SamplingConfig, device: torch.device) -> bool:
+    """Whether this decode runs compiled: `SamplingConfig.compile`, on CUDA only."""
+    return cfg.compile and device.type == "cuda"
+
+
 @dataclass
 class _Workspace:
     """What a model's captured graphs read (state, KV cache, stop ids), kept for the next call of the same key."""
@@ -274,7 +290,8 @@ def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg:
         return kept
     _WORKSPACES.pop(model, None)  # its cache and graphs go before the new ones are allocated
     stops = torch.tensor(stop_ids, dtype=torch.long, device=state.seq.device)
-    forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=greedy, compiled=cfg.compile)
+    forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=greedy,
+                             compiled=_compiles(cfg, state.seq.device))
     space = _Workspace(key, state, stops, forward)
     if forward.graphs is not None:
         _WORKSPACES[model] = space
@@ -291,7 +308,7 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     greedy = cfg.temperature == 0 or cfg.top_k == 1
-    ops = compiled_ops() if cfg.compile and device.type == "cuda" else model.layer_ops
+    ops = compiled_ops() if _compiles(cfg, device) else model.layer_ops
     with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
         cached = None
         if cfg.use_cache:
