@@ -306,38 +306,45 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     if mask_id is None:
         raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
     state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
-    generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
-    greedy = cfg.temperature == 0 or cfg.top_k == 1
     ops = compiled_ops() if _compiles(cfg, device) else model.layer_ops
     with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
-        cached = None
-        if cfg.use_cache:
-            space = _workspace(model, state, stop_ids, cfg, block, greedy)
-            state, stops, cached = space.state, space.stops, space.forward
-            cached.prefill(state)
-        else:
-            stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-        denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
-                                    generator=generator)
+        return _decode(model, state, cfg, stop_ids, block, mask_id)
+
+
+def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_ids: list[int], block: int,
+            mask_id: int) -> Decoded:
+    """The forwards of one `decode` call, with the model's layer ops already chosen."""
+    device = state.seq.device
+    greedy = cfg.temperature == 0 or cfg.top_k == 1
+    generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
+    cached = None
+    if cfg.use_cache:
+        space = _workspace(model, state, stop_ids, cfg, block, greedy)
+        state, stops, cached = space.state, space.stops, space.forward
+        cached.prefill(state)
+    else:
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    denoise = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops,
+                                generator=generator)
+    if cached is not None:
+        cached.denoise = denoise  # graphs captured in an earlier call replay its (greedy) step with these tensors
+    max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
+    forwards = 0
+    while True:
+        # The one host sync per forward: the loop condition and the shapes of the next forward.
+        all_done, any_commit, furthest = torch.stack(
+            [state.done.all(), state.commit.any(), state.start.max()]).tolist()
+        if all_done:
+            break
+        if forwards == max_forwards:
+            raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
+        kv_len = furthest + block
         if cached is not None:
-            cached.denoise = denoise  # graphs captured in an earlier call replay its (greedy) step with these tensors
-        max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
-        forwards = 0
-        while True:
-            # The one host sync per forward: the loop condition and the shapes of the next forward.
-            all_done, any_commit, furthest = torch.stack(
-                [state.done.all(), state.commit.any(), state.start.max()]).tolist()
-            if all_done:
-                break
-            if forwards == max_forwards:
-                raise RuntimeError("block-diffusion decoding did not finish (a block never lost its masks)")
-            kv_len = furthest + block
-            if cached is not None:
-                cached(state, bool(any_commit), kv_len)
-            else:
-                denoise(_uncached_forward(model, state, block, kv_len))
-            forwards += 1
-        return _collect(state, cfg.max_new_tokens, stops, forwards, block)
+            cached(state, bool(any_commit), kv_len)
+        else:
+            denoise(_uncached_forward(model, state, block, kv_len))
+        forwards += 1
+    return _collect(state, cfg.max_new_tokens, stops, forwards, block)
 
 
 def _collect(state: _State, max_new: int, stops: Tensor, forwards: int, block: int) -> Decoded:
