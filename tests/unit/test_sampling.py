@@ -121,19 +121,24 @@ def test_layer_regions_trace_whole_and_decode_like_eager():
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
 def test_cached_flex_attention_decodes_like_eager(monkeypatch):
-    """Compiled decoding attends through flex over the whole KV cache (`cached_block_mask`); run here on CPU (eager
-    flex, regions traced by aot_eager) by letting compile=True act on CPU, it gives uncompiled decoding's tokens, with
-    rows at different blocks and forwards that commit."""
+    """Compiled decoding attends through flex over the whole KV cache (`cached_block_mask`) and proposes greedy tokens
+    through one traced graph; run here on CPU (eager flex, regions and proposals traced by aot_eager) by letting
+    compile=True act on CPU, it gives uncompiled decoding's tokens, with rows at different blocks and forwards that
+    commit."""
     model = tiny_model()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
     traced = LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    proposals = []
+    traced_proposals = torch.compile(decoder._greedy_proposals, fullgraph=True, backend="aot_eager")
     monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
     monkeypatch.setattr(decoder, "compiled_ops", lambda: traced)
+    monkeypatch.setattr(decoder, "_compiled_greedy_proposals",
+                        lambda: lambda *a, **k: proposals.append(1) or traced_proposals(*a, **k))
     flex_calls = []
     monkeypatch.setattr(attention, "_flex_gqa", lambda *args: flex_calls.append(1) or flex_gqa(*args))
     cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True)
     compiled = decode(model, prompts, cfg, NO_STOP)
-    assert flex_calls  # the decode forwards went through flex
+    assert flex_calls and proposals  # the decode forwards went through flex, their proposals through the trace
     eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False}), NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
 
