@@ -119,18 +119,20 @@ class _CachedForward:
     first forward of the next block: written to its slots, seen block-causally by itself and by the new block.
     """
 
+    # Set by each decode call; graphs captured in an earlier call replay the greedy steps they recorded, which read
+    # the kept state and stop ids.
+    propose: Callable[[Tensor], tuple[Tensor, Tensor]]
+    advance: Callable[[Tensor, Tensor], None]
+
     def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool,
                  compiled: bool):
         cfg, seq = model.config, state.seq
         # compiled: the layers run compiled regions, and decode forwards attend through flex (`_forward`)
         self.model, self.block, self.graph_denoise, self.compiled = model, block, graph_denoise, compiled
-        # set by each decode call (graphs captured in an earlier call replay the greedy steps they recorded)
-        self.propose: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda logits: (logits, logits)
-        self.advance: Callable[[Tensor, Tensor], None] = lambda tokens, confidence: None
         self.scratch = seq.shape[1]  # slots [T, T + block): where padding queries write
-        # (any_commit, span) -> graph; None: eager. Every graph writes its logits to one buffer and draws its
-        # temporaries from one memory pool: they run one at a time, and each forward's logits are used up before
-        # the next forward.
+        # (any_commit, span) -> graph; None: eager. Every graph draws its temporaries from one memory pool, and
+        # those that leave a sampled step to the host write their logits to one buffer: they run one at a time, and
+        # each forward's logits are used up before the next forward.
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] | None = {} if graphs and seq.is_cuda else None
         self.pool, self.logits, self.warmed = None, None, False
         self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, seq.shape[1] + block,
@@ -231,8 +233,8 @@ def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len
 
 def _proposals(logits: Tensor, *, mask_id: int, temperature: float, top_k: int, top_p: float,
                generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Each position's token and its confidence from the block's logits [B, block, V], in fp32; the mask token is
-    never a prediction."""
+    """Each position's token and its confidence from the block's logits [B, block, V], computed in fp32; the mask
+    token is never a prediction."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     logits[..., mask_id] = float("-inf")
