@@ -4,8 +4,9 @@ per token, the denoising step that unmasked it (the trajectory RL replays). On C
 as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 ms of Python launching kernels.
 The graphs, with the state, cache and stop-id tensors they read, are kept per model for the next call of the same
 shape (`release_graphs` frees them). `SamplingConfig.compile` also fuses each layer's element-wise work with
-torch.compile (`model.transformer.compiled_ops`), and attends through compiled flex over the KV cache in place
-(`model.attention.cached_block_mask`), before the graphs capture it."""
+torch.compile (`model.transformer.compiled_ops`), attends through compiled flex over the KV cache in place
+(`model.attention.cached_block_mask`) and proposes greedy tokens in one fused reduction, before the graphs capture
+it."""
 
 from __future__ import annotations
 
@@ -46,10 +47,11 @@ class SamplingConfig:
     # instead of launching its ~1,000 kernels from Python; False: eager (CPU always runs eager)
     cuda_graphs: bool = True
     # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops), and
-    # decode forwards' attention through compiled flex over the KV cache in place (attention.cached_block_mask):
-    # fewer, fused kernels a forward, for compiles on first use (the prefill's shape, then one dynamic-length
-    # compile for the decode shapes; flex: one per query count, batch and cache length); tokens may differ from
-    # uncompiled decoding by low-precision rounding. Ignored on CPU.
+    # decode forwards' attention through compiled flex over the KV cache in place (attention.cached_block_mask),
+    # and greedy proposals as one fused reduction (_compiled_greedy_proposals): fewer, fused kernels a forward, for
+    # compiles on first use (the prefill's shape, then one dynamic-length compile for the decode shapes; flex and
+    # proposals: one per shape); tokens may differ from uncompiled decoding by low-precision rounding. Ignored on
+    # CPU.
     compile: bool = False
 
     @property
