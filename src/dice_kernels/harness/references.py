@@ -20,7 +20,7 @@ from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.platform import CeilingsCache, Platform
 from dice_kernels.harness.protocol import ReferencePart, RunJob
-from dice_kernels.harness.score import timing_fields
+from dice_kernels.harness.timing_stats import timing_fields
 from dice_kernels.harness.trial_inputs import HARDENED_TRIALS
 from dice_kernels.harness.workers import MEMORY_ERROR, Workers
 from dice_kernels.tasks import Task

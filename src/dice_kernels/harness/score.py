@@ -14,7 +14,7 @@ from dice_kernels.harness.outcomes import (BaselineNote, BuildNotes, CompileBase
                                            SpeedOfLight, TaskFlags, Timing)
 from dice_kernels.harness.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
 from dice_kernels.harness.timing_stats import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
-                                               stream_escape)
+                                               stream_escape, timing_fields)
 
 if TYPE_CHECKING:
     from dice_kernels.harness.build_cache import Build
@@ -143,11 +143,6 @@ def speed_of_light_fields(sol: dict, c: Ceilings, cand: TimingSamples, slack: fl
     flops_ms = reference_flops_ms(sol["flops"], c.peak_flops)
     return SpeedOfLight(sol_ms, flops_ms, sol["bytes"], sol["flops"], sol["dtype"],
                         faster_than_light(time_ms, sol_ms, slack), faster_than_light(time_ms, flops_ms, slack))
-
-
-def timing_fields(res: dict) -> dict:
-    """A run report's timing samples (TimingSamples fields) and whether they were taken with the device alone."""
-    return {k: res[k] for k in (*TimingSamples.__dataclass_fields__, "device_exclusive") if k in res}
 
 
 def timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] = effective_time_ms) -> dict:

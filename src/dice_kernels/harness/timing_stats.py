@@ -95,6 +95,11 @@ class TimingSamples:
                       **{k: tuple(fields.get(k, ())) for k in ("sm_clock_mhz", "loop_sizes")}})
 
 
+def timing_fields(res: dict) -> dict:
+    """A run report's timing samples (TimingSamples fields) and whether they were taken with the device alone."""
+    return {k: res[k] for k in (*TimingSamples.__dataclass_fields__, "device_exclusive") if k in res}
+
+
 def effective_time_ms(samples: TimingSamples) -> float:
     """A candidate's reported time: the per-call median, plus the tail when work escaped the per-call clock
     (`stream_escape`: side streams, background threads), or the synchronized time if more (`sync_ms`: side-stream
