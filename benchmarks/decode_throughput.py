@@ -15,7 +15,8 @@ the steady state of `dice bench` and RL rollouts, which decode batch after batch
 uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run
 (`--profile-replays` also needs `sampling.decoder.kept_graphs`, from addea08 on; `--compile` needs
 `SamplingConfig.compile`). With `--compile` the untimed warm-up call compiles the layers' regions (prefill and
-decode shapes) and, from decode-attn on, the cached attention (flex, autotuned); the first timed call compiles nothing new but runs one ungraphed forward before each capture.
+decode shapes), from fcafdae on the cached attention (flex, autotuned) and from 980899b the greedy proposals; the
+first timed call compiles only shapes the warm-up did not have, and runs one ungraphed forward before each capture.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def main() -> None:
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
     parser.add_argument("--compile", action="store_true",
-                        help="fuse each layer's element-wise regions and attention with torch.compile (SamplingConfig.compile, "
-                             "CUDA only); the untimed warm-up call compiles them")
+                        help="fuse each layer's element-wise regions, attention and greedy proposals with "
+                             "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")

@@ -248,15 +248,16 @@ def test_compiled_flex_matches_dense_on_gpu():
 def _cached_attention_case(device: torch.device, dtype: torch.dtype, queries: int, kv_len: int, head_dim: int = 16):
     """A decode forward's attention inputs over a 260-slot cache, 8 query heads over 2 kv heads (SDAR's ratio): rows
     at different blocks (block 4), the first and last committing their finished block as clean queries when `queries`
-    is 8. Returns q, k, v, the mask_mod over
-    every slot (`cached_block_mask`'s) and the one over [0, kv_len) (the matmul path's)."""
+    is 8. Returns q, k, v, the mask_mod over every slot (`cached_block_mask`'s) and the one over [0, kv_len) (the
+    matmul path's)."""
     batch, q_heads, kv_heads, slots, block = 3, 8, 2, 260, 4
     start = torch.tensor([kv_len - 28, kv_len - 100, kv_len - 4], device=device)
     cur = start[:, None] + torch.arange(block, device=device)
     noisy = torch.ones_like(cur, dtype=torch.bool)
     if queries == 2 * block:
         commit = torch.tensor([True, False, True], device=device)[:, None]
-        cur, noisy = torch.cat([torch.where(commit, cur - block, cur), cur], 1), torch.cat([~commit.expand(-1, 4), noisy], 1)
+        cur = torch.cat([torch.where(commit, cur - block, cur), cur], 1)
+        noisy = torch.cat([~commit.expand(-1, block), noisy], 1)
     q = torch.randn(batch, queries, q_heads, head_dim, device=device, dtype=dtype).transpose(1, 2)
     k, v = (torch.randn(batch, kv_heads, slots, head_dim, device=device, dtype=dtype) for _ in range(2))
 

@@ -104,6 +104,11 @@ class _FavourToken(torch.nn.Module):
         return logits
 
 
+def _traced_layer_ops() -> LayerOps:
+    """The layer regions as whole graphs (fullgraph, as `compiled_ops` compiles them), run by aot_eager."""
+    return LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+
+
 def test_layer_regions_trace_whole_and_decode_like_eager():
     """Each layer region traces as one graph (fullgraph, as `compiled_ops` compiles them), through a prefill shape
     and then the decode shapes (dynamic once the length changes), and gives eager's tokens. aot_eager runs the
@@ -111,7 +116,7 @@ def test_layer_regions_trace_whole_and_decode_like_eager():
     the GPU test below runs inductor."""
     model = tiny_model()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
-    traced = LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    traced = _traced_layer_ops()
     cfg = SamplingConfig(max_new_tokens=40, steps=2)
     with model.using_layer_ops(traced):
         compiled = decode(model, prompts, cfg, NO_STOP)
@@ -127,7 +132,7 @@ def test_cached_flex_attention_decodes_like_eager(monkeypatch):
     commit."""
     model = tiny_model()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
-    traced = LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    traced = _traced_layer_ops()
     proposals = []
     traced_proposals = torch.compile(decoder._greedy_proposals, fullgraph=True, backend="aot_eager")
     monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
@@ -290,9 +295,10 @@ def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_layers_in_cuda_graphs_decode_like_eager():
-    """`compile=True` (inductor-fused layer regions and flex-decoding attention over the cache, captured into the
-    graphs after a warm-up forward of each new shape) gives the tokens and trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a
-    token; a second call replays the graphs the first one kept."""
+    """`compile=True` (inductor-fused layer regions, flex-decoding attention over the cache and fused greedy
+    proposals, captured into the graphs after a warm-up forward of each new shape) gives the tokens and trajectories
+    of eager uncompiled decoding, in fp32 where rounding cannot flip a token; a second call replays the graphs the
+    first one kept."""
     model = tiny_model().cuda()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
     cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True)

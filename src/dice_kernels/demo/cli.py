@@ -12,8 +12,8 @@ console = Console(stderr=True)
 
 
 def demo(
-    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model and C++ kernels, ~26 minutes on 2 idle cores; gpu: "
-                              "a larger model, more steps and CUDA kernels on one GPU."),
+    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model and C++ kernels, ~26 minutes on 2 idle "
+                              "cores; gpu: a larger model, more steps and CUDA kernels on one GPU."),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder; running again with the same folder "
                              "resumes (each finished stage is skipped)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a setting, e.g. --set sft.steps=100 "

@@ -1,5 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, with a preset per scale (cpu: ~26 minutes
-of two idle cores, docs/demo.md; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set` overrides."""
+of two idle cores, docs/demo.md; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set`
+overrides."""
 
 from __future__ import annotations
 
