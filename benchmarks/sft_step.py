@@ -21,6 +21,7 @@ import torch
 
 from dice_kernels.model import SDAR_SHAPES, BlockDiffusionLM, Layout, ModelConfig
 from dice_kernels.model.attention import block_diffusion_mask_mod, dense_mask
+from dice_kernels.train.flops import ForwardWork, forward_flops
 from dice_kernels.train.objective import corrupt, pack, sft_loss
 
 TARGET_MFU = 0.40
@@ -46,16 +47,15 @@ def _timed(fn) -> float:
 
 
 def step_flops(cfg: ModelConfig, batch, masked_tokens: int, block_size: int) -> float:
-    tokens = 2 * batch.input_ids.numel()
-    attn = cfg.hidden_size * cfg.head_dim * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
-    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
-    matmul = 6 * cfg.num_hidden_layers * (attn + mlp) * tokens + 6 * cfg.hidden_size * cfg.vocab_size * masked_tokens
+    """Forward and backward (3 forwards' worth) of the doubled row: every token through the layers, the masked
+    ones through the lm_head, attention on the pairs the mask lets through."""
     noisy = torch.ones_like(batch.response)
     layout = Layout(batch.doc, batch.positions, noisy).cat(Layout(batch.doc, batch.positions, ~noisy))
     length = layout.pos.shape[1]
     visible = int(dense_mask(block_diffusion_mask_mod(layout, layout, block_size), layout.pos.shape[0], length, length,
                              layout.pos.device).sum())
-    return matmul + 12 * cfg.head_dim * cfg.num_attention_heads * cfg.num_hidden_layers * visible
+    work = ForwardWork(tokens=layout.pos.numel(), pad_tokens=0, pairs=visible, pad_pairs=0, scored=masked_tokens)
+    return 3 * forward_flops(cfg, work).useful
 
 
 def main() -> None:

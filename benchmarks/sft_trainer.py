@@ -32,6 +32,8 @@ from sft_step import TARGET_MFU, measure_peak_flops, step_flops  # noqa: E402
 
 SAMPLE, PROMPT = 1024, 256
 PLAN_GOAL = 0.15  # the plan should be within 15 % of the measured peak
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
+WORDS = 1000  # the smoke tokenizer's ordinary tokens
 
 
 def write_tokenizer(directory: Path, words: int) -> None:
@@ -39,8 +41,7 @@ def write_tokenizer(directory: Path, words: int) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
-    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(words)])}
+    vocab = {t: i for i, t in enumerate(SPECIALS + [f"w{i}" for i in range(words)])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -85,8 +86,7 @@ def run_trainer(name: str, shape: str, tokens: int, rows: int, steps: int, ac: b
 
 def summarize(run: dict, warmup: int, peak: float, smoke: bool) -> dict:
     from dice_kernels.model import SDAR_SHAPES
-    from dice_kernels.train.checkpointing import TINY_SHAPE
-    from dice_kernels.model.config import ModelConfig
+    from dice_kernels.model.config import tiny_config
     from dice_kernels.train.objective import pack
     from dice_kernels.train.plan import memory_plan
 
@@ -95,8 +95,7 @@ def summarize(run: dict, warmup: int, peak: float, smoke: bool) -> dict:
     timed = run["records"][warmup:] or run["records"][-1:]
     step_s = statistics.median(r["step_s"] for r in timed)
     tokens = run["records"][-1]["tokens"]
-    cfg = (ModelConfig(vocab_size=1024, mask_token_id=3, dtype="float32", **TINY_SHAPE) if smoke
-           else SDAR_SHAPES[run["shape"]])
+    cfg = tiny_config(len(SPECIALS) + WORDS, SPECIALS.index("<|MASK|>")) if smoke else SDAR_SHAPES[run["shape"]]
     per_row = run["tokens"] // SAMPLE
     row = pack([(list(range(PROMPT)), list(range(SAMPLE - PROMPT)))] * per_row, cfg.block_size, 0, run["tokens"])
     masked = per_row * (SAMPLE - PROMPT) // 2
@@ -134,10 +133,9 @@ def main() -> None:
     if args.only:
         runs = [r for r in runs if r[0] in args.only.split(",")]
     work = Path(tempfile.mkdtemp(prefix="sft-trainer-"))
-    words = 1000
-    write_tokenizer(work / "tok", words)
+    write_tokenizer(work / "tok", WORDS)
     max_rows = max(r[3] for r in runs) * max(r[2] // SAMPLE for r in runs)
-    write_rows(work / "rows.jsonl", max_rows * (args.steps + 1), words, SAMPLE, PROMPT)
+    write_rows(work / "rows.jsonl", max_rows * (args.steps + 1), WORDS, SAMPLE, PROMPT)
 
     report = {"benchmark": "sft_trainer", "gpu": torch.cuda.get_device_name() if cuda else None,
               "torch": torch.__version__, "peak_tflops_measured": peak / 1e12, "steps": args.steps,
