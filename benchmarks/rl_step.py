@@ -1,17 +1,24 @@
 """One BiC-RL step at reduced scale, timed per phase, and the reward service's throughput over consecutive calls.
 
     python benchmarks/rl_step.py --tokenizer DIR --tasks tasks.jsonl --out rl_step.json   # GPU: 1.7B shape
-    python benchmarks/rl_step.py --smoke --tokenizer DIR --tasks src/dice_kernels/examples/tasks   # CPU check
+    python benchmarks/rl_step.py --smoke --out /tmp/rl.json          # CPU check: tiny model, the examples, seconds
 
 Part 1, the trainer's step (`train/rl.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
 4 steps), their rewards, the TraceRL update; seconds per phase and peak GPU memory. Random weights write no code,
-so this step's reward phase only sees generation failures.
+so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
+old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
+apart) give its TFLOP/s and MFU against `--peak-tflops` (790: an H200's dense bf16 peak, as measured here by
+a large matmul; no MFU is shown on a CPU).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
 to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same
 `RewardService` with new candidate ids. The first call pays the start-up (fork server, workers, compiles,
 reference runs); the second must not. Candidates / min and distinct evaluations of each call.
+
+--smoke: the tiny shape on the CPU backend, 2 tasks x 2 rollouts of 16 tokens, one id per example task; without
+--tokenizer a small BPE tokenizer is trained on the example tasks (the demo's), without --tasks the example tasks
+are the prompts. Nothing is skipped but the GPU: part 1 and part 2 run their real code at tiny size.
 """
 
 from __future__ import annotations
@@ -69,10 +76,28 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         result.update(update_s=time.monotonic() - began, update_forced=True, loss=upd["loss"], kl=upd["kl"],
                       grad_norm=upd["grad_norm"], trained_rollouts=len(trajs))
         result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]
+        result["update_flops"] = _update_flops(step, trajs, result["update_s"],
+                                               args.peak_tflops if dist.device.type == "cuda" else None)
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(json.dumps(result), flush=True)
     return result
+
+
+def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) -> dict:
+    """Model FLOPs of the forced update, its micro-batches as RLStep lays them out (one rank, one optimizer step),
+    and their rate; MFU against `peak_tflops` (None on a CPU: no MFU)."""
+    from dice_kernels.train.flops import replay_work, update_flops
+
+    work = [replay_work(batch) for _, batch in step._micro_batches(trajs)]
+    flops = update_flops(step.model.config, work)
+    tflops = flops.total / seconds / 1e12
+    return {"useful": flops.useful, "padding": flops.padding, "total": flops.total, "pad_share": flops.pad_share,
+            "micro_batches": len(work), "tokens": sum(w.tokens for w in work),
+            "pad_tokens": sum(w.pad_tokens for w in work), "tflops": tflops,
+            "mfu": tflops / peak_tflops if peak_tflops else None,
+            "useful_mfu": flops.useful / seconds / 1e12 / peak_tflops if peak_tflops else None,
+            "peak_tflops": peak_tflops}
 
 
 def _reward_calls(rewards, per_task: int, backend: str) -> list[dict]:
@@ -101,10 +126,29 @@ def _reward_calls(rewards, per_task: int, backend: str) -> list[dict]:
     return calls
 
 
+def _example_tokenizer(directory: Path) -> str:
+    """The demo's small BPE tokenizer trained on the example tasks: a CPU-sized vocabulary (--smoke)."""
+    from dice_kernels.demo.tokenizer import train_tokenizer
+
+    texts = [p.read_text() for p in sorted((EXAMPLES / "tasks").rglob("*.py"))]
+    train_tokenizer(texts, directory, vocab_size=512)
+    return str(directory)
+
+
+def _print_update_flops(f: dict | None) -> None:
+    if f is None:  # rollouts with reward variance: the rows the step kept are not visible here
+        print("update FLOPs: not counted (the step trained on the rollouts it kept)")
+        return
+    mfu = (f"MFU {f['mfu']:.1%} of {f['peak_tflops']:.0f} TFLOP/s ({f['useful_mfu']:.1%} on useful tokens)"
+           if f["mfu"] is not None else "MFU n/a on a CPU")
+    print(f"update: {f['total']:.3e} model FLOPs, {f['micro_batches']} micro-batches of {f['tokens']:,} tokens + "
+          f"{f['pad_tokens']:,} padding; {f['tflops']:,.3f} TFLOP/s, {mfu}; padding {f['pad_share']:.1%} of the FLOPs")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory (tokenizer.json), e.g. Qwen3's")
-    p.add_argument("--tasks", required=True, help="KernelBench tasks (directory or JSONL) for the step's prompts")
+    p.add_argument("--tokenizer", help="tokenizer directory (tokenizer.json), e.g. Qwen3's (--smoke: optional)")
+    p.add_argument("--tasks", help="KernelBench tasks (directory or JSONL) for the step's prompts (--smoke: optional)")
     p.add_argument("--shape", default="1.7B")
     p.add_argument("--tasks-per-step", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
@@ -112,16 +156,24 @@ def main() -> None:
     p.add_argument("--micro-rows", type=int, default=4)
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2")
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
+    p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
+    p.add_argument("--peak-tflops", type=float, default=790.0,
+                   help="the accelerator's peak the update's MFU is against (790: H200 dense bf16)")
     p.add_argument("--out", default="", help="write the results as JSON here")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU backend, to check the script runs")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
+    work = Path(args.work)
     if args.smoke:
         args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
+        args.tasks = args.tasks or str(EXAMPLES / "tasks")
+        args.tokenizer = args.tokenizer or _example_tokenizer(work / "tokenizer")
+    if not args.tokenizer or not args.tasks:
+        p.error("--tokenizer and --tasks are needed (or --smoke)")
     from dice_kernels.train.reward import RewardConfig, RewardService
 
-    work = Path(args.work)
     backend = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    cfg = RewardConfig(backend=backend, cache_dir=str(work / "cache"))
+    cfg = RewardConfig(backend=backend, cache_dir=args.cache_dir or str(work / "cache"))
     results: dict = {"shape": args.shape, "tasks_per_step": args.tasks_per_step, "group": args.group,
                      "max_new": args.max_new, "backend": backend,
                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
@@ -137,6 +189,7 @@ def main() -> None:
     print(f"tokens generated {s['tokens_generated']:,} ({s['rollout_tokens_per_s']:,.0f}/s), trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")
+    _print_update_flops(s.get("update_flops"))
     print(f"\n{'reward call':<14}{'candidates':>12}{'evaluations':>13}{'seconds':>10}{'cand/min':>10}{'eval/min':>10}")
     for c in results["reward_calls"]:
         print(f"{c['call']:<14}{c['candidates']:>12}{c['evaluations']:>13}{c['seconds']:>10.1f}"
