@@ -17,6 +17,11 @@ cicc, ptxas, fatbinary, the host compile) and reported as medians: where a unit'
 
     python benchmarks/build_headers.py --n 12 --jobs 2 --out build_headers.json
     python benchmarks/build_headers.py --n 8 --modes lean --stages --out stages.json
+    python benchmarks/build_headers.py --smoke      # the package's CUDA examples; arguments only, nothing compiled
+
+--smoke takes the package's two correct CUDA examples instead of a corpus, captures their arguments and writes
+each mode's (the lean mode's cut headers included), and skips the nvcc builds: on a 2-core machine each takes a
+minute or more, so its table reports every mode tried and none compiled.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ sys.path.insert(0, str(REPO / "src"))
 from dice_kernels.harness.light_headers import lean_cuda_arguments, light_cuda_sources  # noqa: E402
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
+EXAMPLES = REPO / "src" / "dice_kernels" / "examples" / "solutions" / "cuda" / "level1"
+SMOKE_SOLUTIONS = ("19_ReLU/correct.py", "90_AddMul/correct.py")
 MODES = ("own", "light", "lean")
 _CAPTURE = r"""
 import inspect, json, sys, torch.utils.cpp_extension as cpp
@@ -130,7 +137,16 @@ def row_id(row: dict) -> str:
     return f"L{row['level']}/{int(row['problem_id']) + 1}/{row['file'][:4]}"
 
 
-def run_pair(row: dict, modes: tuple[str, ...], root: Path, stages: bool = False) -> dict:
+def not_built(arguments: dict) -> dict:
+    """A mode's record when its build is skipped (--smoke): the size of the CUDA sources it would compile, and its
+    nvcc flags."""
+    sources = arguments.get("cuda_sources") or []
+    chars = len(sources) if isinstance(sources, str) else sum(map(len, sources))
+    return {"compiled": False, "nvcc_s": None, "error": "not built (--smoke)", "cuda_chars": chars,
+            "extra_cuda_cflags": arguments.get("extra_cuda_cflags") or []}
+
+
+def run_pair(row: dict, modes: tuple[str, ...], root: Path, stages: bool = False, build: bool = True) -> dict:
     rid = row_id(row)
     arguments = capture_arguments(row.get("cuda_code") or row["code"])
     result = {"id": rid, "modes": {}}
@@ -140,7 +156,10 @@ def run_pair(row: dict, modes: tuple[str, ...], root: Path, stages: bool = False
     for mode in modes:
         scratch = root / rid.replace("/", "_") / mode
         args = mode_arguments(arguments, mode, scratch)
-        result["modes"][mode] = compile_cuda_unit(args, scratch / "build", stages) if args is not None else None
+        if args is None:
+            result["modes"][mode] = None
+        else:
+            result["modes"][mode] = compile_cuda_unit(args, scratch / "build", stages) if build else not_built(args)
         print(f"{rid:>12} {mode:>5}: {result['modes'][mode]}", flush=True)
     return result
 
@@ -178,6 +197,7 @@ def main() -> None:
     ap.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST (9.0: the H200)")
     ap.add_argument("--stages", action="store_true", help="also nvcc's seconds per step (nvcc --time)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="the package's CUDA examples, no builds (see above)")
     args = ap.parse_args()
     modes = tuple(args.modes.split(","))
     if not set(modes) <= set(MODES) or modes[0] != "own" and len(modes) > 1:
@@ -187,9 +207,12 @@ def main() -> None:
     if cpp.CUDA_HOME is None and shutil.which("nvcc"):  # a CPU torch: nvcc still compiles the unit
         cpp.CUDA_HOME = str(Path(shutil.which("nvcc")).resolve().parents[1])
     os.environ.update(TORCH_CUDA_ARCH_LIST=args.arch, MAX_JOBS="1")
-    rows = json.loads(args.pairs.read_text())[args.skip:args.skip + args.n]
+    if args.smoke:
+        rows = [{"id": name.removesuffix(".py"), "code": (EXAMPLES / name).read_text()} for name in SMOKE_SOLUTIONS]
+    else:
+        rows = json.loads(args.pairs.read_text())[args.skip:args.skip + args.n]
     with tempfile.TemporaryDirectory(prefix="dice-build-headers-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda r: run_pair(r, modes, Path(tmp), args.stages), rows))
+        results = list(pool.map(lambda r: run_pair(r, modes, Path(tmp), args.stages, not args.smoke), rows))
     summary = summarize(results, modes)
     print(f"{'mode':>6} {'tried':>6} {'compiled':>9} {'median nvcc s':>14} {'x vs own':>9}")
     for mode in modes:

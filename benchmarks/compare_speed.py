@@ -1,6 +1,7 @@
 """The parent's output comparison: ours (harness/compare.py) against a plain chunked `torch.allclose`, side by side.
 
     python benchmarks/compare_speed.py [--mib 256] [--trials 5] [--rounds 3] [--out compare_speed.json]
+    python benchmarks/compare_speed.py --smoke      # 1 MiB x 2 trials, one round: does it run (seconds)
 
 Both judge the same candidate outputs (the reference plus noise inside the tolerance, so every element is looked
 at) and must agree on the verdict and the largest difference. The baseline is what a careful harness writes
@@ -51,7 +52,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument("--smoke", action="store_true", help="1 MiB, 2 trials, 1 round: a check that it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.mib, args.trials, args.rounds = 1, 2, 1
     n = args.mib << 18  # float32 elements
     g = torch.Generator().manual_seed(0)
     reference = [torch.randn(n, generator=g) for _ in range(args.trials)]

@@ -11,6 +11,7 @@ run in two calls on the same deterministic batch and are merged afterwards):
     python benchmarks/eval_throughput.py --evaluators kb --time-budget-s 480 --out kb.json
     python benchmarks/eval_throughput.py --merge ours.json kb.json --out tp.json      # anywhere, no GPU
     python benchmarks/eval_throughput.py --smoke --warm --out /tmp/tp_smoke.json     # CPU, examples, ~6 min
+    python benchmarks/eval_throughput.py --smoke --kb-subset 2 --cache-dir DIR       # CPU, quick check (below)
 
 Without --evaluators both run in one call (fine for small batches). --time-budget-s counts from the start of the
 process: no KernelBench-style candidate starts after it (one already running may take up to --kb-timeout more);
@@ -52,8 +53,10 @@ measurements: `distinct programs` in the report says how much of our advantage c
 repeats. Pairs whose references exceeded the harness's memory/output limits on the H200 (`532c985`)
 are left out: the comparison is about candidates, not about tasks neither evaluator can run.
 
-**Smoke** (--smoke, CPU): the package's examples: ReLU (correct, exact and layout duplicates, wrong, broken)
-and AddMul (no ModelNew, truncated): 7 candidates, real C++ builds.
+**Smoke** (--smoke, CPU): the package's examples: AddMul (no ModelNew, truncated) and ReLU (correct, exact and
+layout duplicates, wrong, broken): 7 candidates, real C++ builds. `--smoke --kb-subset 2 --cache-dir DIR` is the
+quick check (seconds once DIR holds the examples' builds): the KernelBench-style evaluator then sees only the two
+AddMul candidates, which build nothing, and ours runs them cold in a fresh cache and the whole batch on DIR.
 
 **Rates**: candidates/minute = candidates / wall time of the whole evaluation, cold = an empty build cache
 (our PCH included). The ratio compares our cold run on exactly the --kb-subset candidates with the
@@ -258,11 +261,12 @@ def smoke_batch() -> list[Item]:
     addmul = load_task_file(EXAMPLES / "tasks" / "level1" / "90_AddMul.py")
     sol = EXAMPLES / "solutions" / "cpu" / "level1"
     correct = (sol / "19_ReLU" / "correct.py").read_text()
-    plan = [(relu, "correct", correct), (relu, "dup_exact", correct), (relu, "dup_layout", layout_variant(correct, 2)),
+    # the two that build nothing first: `--smoke --kb-subset 2` puts only them through the KernelBench-style side
+    plan = [(addmul, "python_error", (sol / "90_AddMul" / "no_modelnew.py").read_text()),
+            (addmul, "truncated", (sol / "90_AddMul" / "correct.py").read_text()),
+            (relu, "correct", correct), (relu, "dup_exact", correct), (relu, "dup_layout", layout_variant(correct, 2)),
             (relu, "wrong", (sol / "19_ReLU" / "wrong.py").read_text()),
-            (relu, "compile_error", (sol / "19_ReLU" / "broken.py").read_text()),
-            (addmul, "python_error", (sol / "90_AddMul" / "no_modelnew.py").read_text()),
-            (addmul, "truncated", (sol / "90_AddMul" / "correct.py").read_text())]
+            (relu, "compile_error", (sol / "19_ReLU" / "broken.py").read_text())]
     return [Item(task, _candidate(task, slot, kind, code), kind) for slot, (task, kind, code) in enumerate(plan)]
 
 

@@ -2,11 +2,13 @@
 and started ahead by forking them from the fork server (the default).
 
     python benchmarks/warm_workers.py [--backend cpu|cuda] [--rounds 3] [--out warm_workers.json]
+    python benchmarks/warm_workers.py --smoke [--cache-dir DIR]     # CPU, one round: does it run
 
 The batch is the package's example set for the backend (builds cached by a first, unmeasured pass). Each round
 evaluates it once per setting, in turn, and reports the batch wall time, the median `run` phase (candidate
 worker wall time, see docs/harness.md) and the CPU seconds of the whole pass (this process and every process
-under it) per setting.
+under it) per setting. --cache-dir reuses a build cache (the first pass then fills nothing); --smoke is one round on the
+CPU backend of ReLU's correct and wrong examples.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def example_pairs(backend: str) -> list:
     return pairs
 
 
+SMOKE = ("level1/19_ReLU/correct.py", "level1/19_ReLU/wrong.py")  # --smoke's candidates: two builds, two runs
 SETTINGS = {"on demand": SchedulerConfig(warm_workers=0, fork_workers=False),
             "started ahead": SchedulerConfig(warm_workers=-1, fork_workers=False),
             "forked ahead (default)": SchedulerConfig(warm_workers=-1, fork_workers=True)}
@@ -57,10 +60,16 @@ def main() -> None:
     ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="a build cache to use (default: a fresh one)")
+    ap.add_argument("--smoke", action="store_true", help="one round, two candidates, CPU backend: a check that it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.backend, args.rounds = "cpu", 1
     pairs = example_pairs(args.backend)
+    if args.smoke:
+        pairs = [p for p in pairs if p[1].id in SMOKE]
     with tempfile.TemporaryDirectory(prefix="dice-warm-") as tmp:
-        cache = Path(tmp)
+        cache = args.cache_dir or Path(tmp)
         one_pass(pairs, cache, args.backend, SETTINGS["on demand"])  # fills the build cache; not measured
         rows: dict[str, list[dict]] = {name: [] for name in SETTINGS}
         for _ in range(args.rounds):
