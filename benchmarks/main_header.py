@@ -9,6 +9,11 @@ alone on the machine. Reported: each header's build time, and per pair the media
 and their ratio. Usage:
 
     python benchmarks/main_header.py --n 8 --rounds 2 --out main_header.json   # ~5 min on the 2-core machine
+    python benchmarks/main_header.py --smoke      # the package's CUDA examples; plans and main.cpp, no compiles
+
+--smoke takes the package's correct CUDA examples instead of DICE pairs, plans both headers (torch's flags and
+include paths, each header's compile command) and writes each main.cpp, and skips every compile (a header takes a
+minute or more on a 2-core machine): its table has the headers' commands and no seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from build_headers import DEFAULT_PAIRS, capture_arguments  # noqa: E402 - benchmarks/ is on sys.path as a script
+from build_headers import DEFAULT_PAIRS, EXAMPLES, SMOKE_SOLUTIONS, capture_arguments  # noqa: E402 - a script's dir
 from dice_kernels.harness.build_speed import build_pch, pch_file, plan_pch  # noqa: E402
 from dice_kernels.harness.light_headers import declarations_only  # noqa: E402
 
@@ -57,6 +62,7 @@ def main() -> None:
     ap.add_argument("--with-cuda", action=argparse.BooleanOptionalAction, default=None,
                     help="torch's flags for a CUDA build (default: when torch has CUDA)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="the package's CUDA examples, no compiles (see above)")
     args = ap.parse_args()
     import torch
 
@@ -69,23 +75,27 @@ def main() -> None:
         headers = {}
         for plan in plans:  # one at a time, alone: the build time of each
             name = "light" if plan.light is not None else "full"
+            headers[name] = {"build_s": None, "ok": False, "size_mb": None, "command": plan.unit_command()}
+            if args.smoke:
+                continue
             start = time.monotonic()
             build_pch([plan])
-            headers[name] = {"build_s": round(time.monotonic() - start, 2), "ok": plan.ready,
-                             "size_mb": round(pch_file(plan.root).stat().st_size / 2**20) if plan.ready else None,
-                             "command": plan.unit_command()}
+            headers[name].update(build_s=round(time.monotonic() - start, 2), ok=plan.ready,
+                                 size_mb=round(pch_file(plan.root).stat().st_size / 2**20) if plan.ready else None)
             print(f"{name} header: {headers[name]['build_s']:.1f} s, {headers[name]['size_mb']} MB", flush=True)
         rows = []
-        for row in json.loads(args.pairs.read_text()):
+        pairs = ([{"id": name.removesuffix(".py"), "cuda_code": (EXAMPLES / name).read_text()}
+                  for name in SMOKE_SOLUTIONS] if args.smoke else json.loads(args.pairs.read_text()))
+        for row in pairs:
             if len(rows) == args.n:
                 break
             arguments = capture_arguments(row["cuda_code"])
             if not arguments or not declarations_only(arguments.get("cpp_sources")):
                 continue
-            main = root / f"main_{row['id']}.cpp"
+            main = root / f"main_{str(row['id']).replace('/', '_')}.cpp"
             main.write_text(main_unit_text(arguments))
             times: dict[str, list[float]] = {"full": [], "light": []}
-            for k in range(args.rounds):
+            for k in range(0 if args.smoke else args.rounds):
                 for name in (("full", "light") if k % 2 == 0 else ("light", "full")):
                     seconds = compile_seconds([*headers[name]["command"],
                                                f"-DTORCH_EXTENSION_NAME={arguments.get('name', 'ext')}",
@@ -93,7 +103,8 @@ def main() -> None:
                     if seconds is not None:
                         times[name].append(seconds)
             medians = {k: statistics.median(v) if len(v) == args.rounds else None for k, v in times.items()}
-            rows.append({"id": str(row["id"]), **{f"{k}_s": v for k, v in medians.items()}})
+            rows.append({"id": str(row["id"]), "main_chars": len(main.read_text()),
+                         **{f"{k}_s": v for k, v in medians.items()}})
             print(f"{row['id']:>6}: full {medians['full'] or float('nan'):.1f} s, "
                   f"light {medians['light'] or float('nan'):.1f} s", flush=True)
     both = [r for r in rows if r["full_s"] and r["light_s"]]
@@ -104,8 +115,11 @@ def main() -> None:
                                  for k in ("full", "light")},
                "median_ratio_full_over_light": statistics.median(r["full_s"] / r["light_s"] for r in both)
                if both else None}
+    built = summary["header_build_s"]
     print(f"{'':>14} {'full':>8} {'light':>8}")
-    print(f"{'header build s':>14} {summary['header_build_s']['full']:>8.1f} {summary['header_build_s']['light']:>8.1f}")
+    print(f"{'header build s':>14} " + " ".join(f"{built[k]:>8.1f}" if built[k] is not None else f"{'-':>8}"
+                                                for k in ("full", "light")))
+    print(f"{'main.cpp units':>14} {len(rows):>8}" + ("   (--smoke: written, not compiled)" if args.smoke else ""))
     if both:
         print(f"{'main.cpp s':>14} {summary['median_main_s']['full']:>8.1f} {summary['median_main_s']['light']:>8.1f}"
               f"   (median of {len(both)} pairs; full/light {summary['median_ratio_full_over_light']:.2f}x)")

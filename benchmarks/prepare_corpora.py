@@ -1,6 +1,7 @@
 """Turn the shared real corpora into `dice eval` inputs: a tasks JSONL plus a solutions directory per corpus.
 
     python benchmarks/prepare_corpora.py --data ../shared/data --out /tmp/corpora [--leaderboard-per-level 40]
+    python benchmarks/prepare_corpora.py --smoke --out /tmp/c     # 2 DICE pairs, 2 solutions a level (needs the data)
 
 Writes <out>/dice99/{tasks.jsonl,solutions/} (each DICE pair's pytorch_code as the task, cuda_code as the
 solution) and <out>/leaderboard/{tasks.jsonl,solutions/levelN/<task name>/<model>_<file>.py} (leaderboard
@@ -62,7 +63,12 @@ def main() -> None:
     ap.add_argument("--dice-limit", type=int, default=None, help="first N DICE pairs only")
     ap.add_argument("--leaderboard-per-level", type=int, default=None, help="evenly spaced sample per level")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--smoke", action="store_true", help="2 DICE pairs and 2 leaderboard solutions a level")
     args = ap.parse_args()
+    if not (args.data / "corpora").is_dir():
+        ap.error(f"--data {args.data}: no corpora/ folder there (the project's shared data)")
+    if args.smoke:
+        args.dice_limit, args.leaderboard_per_level = 2, 2
     n_dice = dice_pairs(args.data, args.out / "dice99", args.dice_limit)
     n_lb = leaderboard(args.data, args.out / "leaderboard", args.leaderboard_per_level, tuple(args.levels))
     print(f"dice pairs: {n_dice}   leaderboard solutions: {n_lb}   -> {args.out}")

@@ -8,7 +8,9 @@ the harness's own (`integrity._cuda_profiler`: the same Kineto profiler, built w
 `hasattr(torch, "_inductor")`, which imports torch._inductor and torch._dynamo). `launch` times tiny kernel
 launches (host wall clock per launch, median of 20 loops) in a process that ran no profiler, an empty session of
 the harness's profiler, or a profiled forward first: whether the timed loop must come before the GPU-share
-profile. Variants alternate across `--rounds`. CUDA only.
+profile. Variants alternate across `--rounds`. CUDA only, but for --smoke: one round of 50 launches on the CPU
+(torch's profiler of CPU activity, CPU ops for launches; `cuda_init` is then a CPU allocation), a check that every
+child and the tables run, no measurement of the GPU-share check.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _since(t0: tuple[float, float]) -> dict:
     return {"wall_s": round(w - t0[0], 4), "cpu_s": round(c - t0[1], 4)}
 
 
-def _profiler(which: str):
+def _profiler(which: str, device: str):
     """`torch`: torch.profiler.profile, as the harness used it before; `ours`: the harness's profiler now."""
     if which == "ours":
         from dice_kernels.harness.integrity import _cuda_profiler
@@ -44,55 +46,64 @@ def _profiler(which: str):
         return _cuda_profiler()
     from torch.profiler import ProfilerActivity, profile
 
-    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device == "cuda" else [])])
 
 
-def child_sessions(which: str) -> dict:
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def child_sessions(which: str, device: str) -> dict:
     t = _clock()
     import torch
     out = {"import_torch": _since(t)}
     t = _clock()
-    x = torch.randn(1024, 1024, device="cuda")
-    torch.cuda.synchronize()
+    x = torch.randn(1024, 1024, device=device)
+    _sync(device)
     out["cuda_init"] = _since(t)
     for n in (1, 2, 3):
         t = _clock()
-        with _profiler(which) as prof:
+        with _profiler(which, device) as prof:
             if n == 3:
                 (x @ x).sum().item()
-                torch.cuda.synchronize()
+                _sync(device)
         out[f"session{n}"] = _since(t)
     events = prof.function_events if which == "ours" else prof.events()
     out["session3_gpu_events"] = sum(1 for e in events if e.device_type.name == "CUDA")
+    out["session3_events"] = len(events)
     out["inductor_imported"] = "torch._inductor" in sys.modules
     return out
 
 
-def child_launch(variant: str, launches: int) -> dict:
+def child_launch(variant: str, launches: int, device: str) -> dict:
     import torch
-    x = torch.zeros(1, device="cuda")
+    x = torch.zeros(1, device=device)
     for _ in range(100):
         x.add_(1)
-    torch.cuda.synchronize()
+    _sync(device)
     if variant != "none":
-        with _profiler("ours"):
+        with _profiler("ours", device):
             if variant == "profiled":
                 x.add_(1)
-                torch.cuda.synchronize()
+                _sync(device)
     per = []
     for _ in range(20):
-        torch.cuda.synchronize()
+        _sync(device)
         t = time.perf_counter()
         for _ in range(launches):
             x.add_(1)
-        torch.cuda.synchronize()
+        _sync(device)
         per.append((time.perf_counter() - t) / launches * 1e6)
     return {"variant": variant, "us_per_launch": round(statistics.median(per), 3),
             "min_us": round(min(per), 3)}
 
 
-def _child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, timeout=300)
+def _child(args: list[str], options: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *options, "--child", *args], capture_output=True, text=True,
+                         timeout=300)
     if out.returncode != 0:
         return {"error": out.stderr[-2000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -103,20 +114,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--launches", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=Path("profiler_startup.json"))
+    ap.add_argument("--smoke", action="store_true", help="one round of 50 launches on the CPU (see above)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    device = "cpu" if args.smoke else "cuda"
     if args.child:
         kind, *rest = args.child
-        print(json.dumps(child_sessions(rest[0]) if kind == "sessions" else child_launch(rest[0], args.launches)))
+        print(json.dumps(child_sessions(rest[0], device) if kind == "sessions"
+                         else child_launch(rest[0], args.launches, device)))
         return
-    doc: dict = {"argv": sys.argv, "sessions": [], "launch": []}
+    if args.smoke:
+        args.rounds, args.launches = 1, 50
+    doc: dict = {"argv": sys.argv, "device": device, "sessions": [], "launch": []}
+    options = ["--launches", str(args.launches), *(["--smoke"] if args.smoke else [])]
     for r in range(args.rounds):
         for which in PROFILERS if r % 2 == 0 else reversed(PROFILERS):
-            s = {"profiler": which, **_child(["sessions", which])}
+            s = {"profiler": which, **_child(["sessions", which], options)}
             doc["sessions"].append(s)
             print(f"round {r} sessions:", json.dumps(s), flush=True)
         for v in VARIANTS if r % 2 == 0 else reversed(VARIANTS):
-            lr = _child(["launch", v])
+            lr = _child(["launch", v], options)
             doc["launch"].append(lr)
             print(f"round {r} launch:", json.dumps(lr), flush=True)
         args.out.write_text(json.dumps(doc, indent=1))

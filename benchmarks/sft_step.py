@@ -136,6 +136,8 @@ def main() -> None:
               "peak_tflops_measured": peak / 1e12, "rows": rows, "target_mfu": TARGET_MFU}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
+    if any("error" in r for r in rows):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -132,19 +132,19 @@ def main() -> None:
         extra = ["--set", "parallel.attention=dense"]
     if args.only:
         runs = [r for r in runs if r[0] in args.only.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="sft-trainer-"))
-    write_tokenizer(work / "tok", WORDS)
-    max_rows = max(r[3] for r in runs) * max(r[2] // SAMPLE for r in runs)
-    write_rows(work / "rows.jsonl", max_rows * (args.steps + 1), WORDS, SAMPLE, PROMPT)
-
     report = {"benchmark": "sft_trainer", "gpu": torch.cuda.get_device_name() if cuda else None,
               "torch": torch.__version__, "peak_tflops_measured": peak / 1e12, "steps": args.steps,
               "warmup": args.warmup, "rows": []}
-    for name, shape, tokens, rows, ac in runs:
-        result = run_trainer(name, shape if not args.smoke else "tiny", tokens, rows, args.steps, ac, work,
-                             args.timeout, extra)
-        report["rows"].append(summarize(result, args.warmup, peak, args.smoke))
-        Path(args.out).write_text(json.dumps(report, indent=2))  # saved after each run
+    with tempfile.TemporaryDirectory(prefix="sft-trainer-") as tmp:
+        work = Path(tmp)
+        write_tokenizer(work / "tok", WORDS)
+        max_rows = max(r[3] for r in runs) * max(r[2] // SAMPLE for r in runs)
+        write_rows(work / "rows.jsonl", max_rows * (args.steps + 1), WORDS, SAMPLE, PROMPT)
+        for name, shape, tokens, rows, ac in runs:
+            result = run_trainer(name, shape if not args.smoke else "tiny", tokens, rows, args.steps, ac, work,
+                                 args.timeout, extra)
+            report["rows"].append(summarize(result, args.warmup, peak, args.smoke))
+            Path(args.out).write_text(json.dumps(report, indent=2))  # saved after each run
 
     print(f"SFT trainer (dice train sft), {report['gpu'] or 'cpu'}, torch {torch.__version__}; measured matmul peak "
           f"{peak / 1e12:.0f} TFLOP/s; median of steps {args.warmup + 1}-{args.steps}")
@@ -159,6 +159,8 @@ def main() -> None:
               f"{r['tflops']:>8.0f} {r['mfu']:>6.1%} {r['peak_memory_gib']:>9.1f} {r['plan_gib']:>9.1f} {err:>9}")
     print(f"targets: MFU >= {TARGET_MFU:.0%}; plan within {PLAN_GOAL:.0%} of the measured peak")
     Path(args.out).write_text(json.dumps(report, indent=2))
+    if any("error" in r for r in report["rows"]):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
