@@ -1,0 +1,149 @@
+"""Every script under benchmarks/ runs its `--smoke` mode on the CPU, in a subprocess from a temp folder, and prints
+the table or writes the record it must: a benchmark no test runs rots. Builds go through the session's build cache
+(the examples' builds are the ones later harness tests use), so the slow ones cost little beyond their start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+BENCH = REPO / "benchmarks"
+# kernelbench_style.py is a module of eval_throughput.py (its smoke runs it); robust_check_false_positives.py has
+# no --smoke yet
+NOT_SCRIPTS = {"kernelbench_style.py", "robust_check_false_positives.py"}
+
+
+def _smoke(script: str, *args: str, cwd: Path, timeout: float = 300) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_every_benchmark_script_has_a_smoke_test_here():
+    here = Path(__file__).read_text()
+    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} - NOT_SCRIPTS
+    assert {s for s in scripts if f'"{s}"' not in here} == set()
+
+
+def test_gpu_suite_is_valid_bash():
+    assert subprocess.run(["bash", "-n", str(BENCH / "gpu_suite.sh")], capture_output=True).returncode == 0
+
+
+def test_compare_speed(tmp_path):
+    out = _smoke("compare_speed.py", cwd=tmp_path)
+    assert "ours (compare.py)" in out and "chunked torch.allclose" in out
+    assert "verdict (True" in out  # both methods agreed, on outputs within the tolerance
+
+
+def test_decode_throughput(tmp_path):
+    out = _smoke("decode_throughput.py", "--out", "d.json", cwd=tmp_path)
+    rows = _json(tmp_path / "d.json")["rows"]
+    assert {r["mode"] for r in rows} >= {"block4_1tok_eager", "block4_2tok_graphs", "autoregressive"}
+    assert all(r["tokens_per_s"] > 0 for r in rows) and "autoregressive" in out
+
+
+def test_sft_step(tmp_path):
+    out = _smoke("sft_step.py", "--out", "s.json", cwd=tmp_path)
+    (row,) = _json(tmp_path / "s.json")["rows"]
+    assert row["backend"] == "dense" and row["tokens_per_s"] > 0 and row["model_tflops_per_step"] > 0
+    assert "\ndense " in out
+
+
+def test_sft_trainer(tmp_path):
+    out = _smoke("sft_trainer.py", "--only", "tiny-256-ac", "--out", "t.json", cwd=tmp_path)
+    (row,) = _json(tmp_path / "t.json")["rows"]
+    assert row["name"] == "tiny-256-ac" and row["tokens_per_s"] > 0 and len(row["losses"]) == 3
+    assert "\ntiny-256-ac " in out and "FAILED" not in out
+
+
+@pytest.mark.slow  # a tiny RL step and two reward calls on the examples (builds: the session cache's)
+def test_rl_step(tmp_path, build_cache):
+    out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
+                 cwd=tmp_path)
+    doc = _json(tmp_path / "r.json")
+    step, flops = doc["step"], doc["step"]["update_flops"]
+    assert step["trained_rollouts"] == 4 and step["update_forced"]
+    assert flops["total"] == flops["useful"] + flops["padding"] > 0 and 0 <= flops["pad_share"] < 1
+    assert flops["tokens"] > 0 and flops["mfu"] is None and flops["tflops"] > 0
+    assert "MFU n/a on a CPU" in out and "padding" in out
+    calls = doc["reward_calls"]
+    assert [c["candidates"] for c in calls] == [16, 16] and calls[0]["outcomes"] == calls[1]["outcomes"]
+    assert calls[0]["outcomes"]["correct"] > 0
+
+
+@pytest.mark.slow  # ours on the 7 examples (builds: the session cache's), the KernelBench-style side on 2
+def test_eval_throughput_and_kernelbench_style(tmp_path, build_cache):
+    out = _smoke("eval_throughput.py", "--kb-subset", "2", "--cache-dir", str(build_cache), "--out", "tp.json",
+                 cwd=tmp_path)
+    doc = _json(tmp_path / "tp.json")
+    assert doc["ours"]["cold_full"]["outcomes"] == {"python_error": 1, "generation_failure": 1, "correct": 3,
+                                                    "value_mismatch": 1, "compile_error": 1}
+    assert [r["outcome"] for r in doc["kb"]["results"]] == ["python_error", "generation_failure"]
+    assert doc["comparison"]["identical"] == 2 and "ratio ours-cold / KB-style" in out
+
+
+@pytest.mark.slow  # four passes over two examples, each starting its workers
+def test_warm_workers(tmp_path, build_cache):
+    out = _smoke("warm_workers.py", "--cache-dir", str(build_cache), "--out", "w.json", cwd=tmp_path)
+    doc = _json(tmp_path / "w.json")
+    assert doc["candidates"] == 2 and doc["identical_outcomes"]
+    assert set(doc["settings"]) == {"on demand", "started ahead", "forked ahead (default)"}
+    assert "identical outcomes in every pass: True" in out
+
+
+@pytest.mark.slow  # a build child and four timing children, each a fresh interpreter
+def test_timing_stability(tmp_path):
+    out = _smoke("timing_stability.py", "--repeats", "2", "--cache", str(tmp_path / "cache"), "--out", "ts.json",
+                 cwd=tmp_path)
+    rows = {r["id"]: r for r in _json(tmp_path / "ts.json")["rows"]}
+    assert rows["smoke_mm"]["reps"] == 2 and not rows["smoke_mm"]["ours_escape_flagged"]
+    assert rows["smoke_thread"]["ours_escape_flagged"] and not rows["smoke_thread"]["ours_rewarded_faster"]
+    assert "ADVERSARIAL" in out
+
+
+def test_build_headers(tmp_path):
+    out = _smoke("build_headers.py", "--out", "bh.json", cwd=tmp_path)
+    results = _json(tmp_path / "bh.json")["results"]
+    assert [r["id"] for r in results] == ["19_ReLU/correct", "90_AddMul/correct"]
+    for r in results:
+        assert set(r["modes"]) == {"own", "light", "lean"} and not any(m["compiled"] for m in r["modes"].values())
+        assert "-DAT_PER_OPERATOR_HEADERS" in r["modes"]["lean"]["extra_cuda_cflags"]
+    assert "  lean      2         0" in out
+
+
+def test_main_header(tmp_path):
+    out = _smoke("main_header.py", "--out", "mh.json", cwd=tmp_path)
+    doc = _json(tmp_path / "mh.json")
+    assert [r["id"] for r in doc["rows"]] == ["19_ReLU/correct", "90_AddMul/correct"]
+    assert all(r["main_chars"] > 0 and r["full_s"] is None for r in doc["rows"])
+    assert "main.cpp units        2" in out
+
+
+def test_profiler_startup(tmp_path):
+    out = _smoke("profiler_startup.py", "--out", "p.json", cwd=tmp_path)
+    doc = _json(tmp_path / "p.json")
+    assert sorted(r["variant"] for r in doc["launch"]) == ["empty", "none", "profiled"]
+    sessions = {s["profiler"]: s for s in doc["sessions"]}
+    assert set(sessions) == {"torch", "ours"} and sessions["ours"]["session3_events"] > 0
+    assert not sessions["ours"]["inductor_imported"]  # the harness's profiler leaves torch._inductor alone
+    assert "launches after" in out
+
+
+def test_prepare_corpora(tmp_path, shared_data):
+    out = _smoke("prepare_corpora.py", "--data", str(shared_data), "--out", str(tmp_path / "c"), cwd=tmp_path)
+    assert len((tmp_path / "c" / "dice99" / "tasks.jsonl").read_text().splitlines()) == 2
+    assert len(list((tmp_path / "c" / "leaderboard" / "solutions").rglob("*.py"))) == 4
+    assert out.startswith("dice pairs: 2   leaderboard solutions: 4")
