@@ -8,8 +8,8 @@ Part 1, the trainer's step (`train/rl.py` RLStep, FSDP2 over one GPU, random wei
 4 steps), their rewards, the TraceRL update; seconds per phase and peak GPU memory. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
-apart) give its TFLOP/s and MFU against `--peak-tflops` (790: an H200's dense bf16 peak, as measured here by
-a large matmul; no MFU is shown on a CPU).
+apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
+matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
 to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same
@@ -158,7 +158,7 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
     p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
     p.add_argument("--peak-tflops", type=float, default=790.0,
-                   help="the accelerator's peak the update's MFU is against (790: H200 dense bf16)")
+                   help="the peak the update's MFU is against, TFLOP/s (790: about an H200's dense bf16 matmuls)")
     p.add_argument("--out", default="", help="write the results as JSON here")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
