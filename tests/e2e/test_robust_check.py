@@ -117,6 +117,24 @@ RELU_ON_RAND = Task(id="relu_rand", name="relu_rand", code=HEADER + textwrap.ded
         return []
     """))
 
+# A Model whose domain ends where the hardened trials' spikes go, and whose failure there kills its worker (as a
+# device-side assert poisons a GPU worker's CUDA context: DICE pair 7798's embedding of floored float indices)
+RELU_DIES_OFF_DOMAIN = Task(id="relu_domain", name="relu_domain", code=HEADER + textwrap.dedent("""
+    import os
+
+    class Model(nn.Module):
+        def forward(self, x):
+            if float(x.max()) > 2.0:
+                os._exit(3)
+            return torch.relu(x)
+
+    def get_inputs():
+        return [torch.rand(64, 256)]
+
+    def get_init_inputs():
+        return []
+    """))
+
 
 # One C++ program (one build) that is an honest kernel or a shortcut, by the task it runs on (`CANDIDATE_MODE`, a
 # task global, as KernelBench solutions see the task's globals): each shortcut has an honest twin in the same build.
@@ -148,16 +166,25 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride) {  // stride
     return out;
 }
 """
-ext = load_inline(name="robust_twins", cpp_sources=src, functions=["relu", "copy", "mse"])
 MODE = globals().get("CANDIDATE_MODE", "honest")
+ARGS = dict(name="robust_twins", cpp_sources=src, functions=["relu", "copy", "mse"])
+ext = None if MODE == "lazy" else load_inline(**ARGS)  # lazy: built on forward's first call
 
 
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
         self.cache, self.hits = {}, 0
+        self.conv = nn.Conv2d(3, 8, 3)  # the conv task's layer (seeded as the reference's)
 
     def forward(self, *xs):
+        global ext
+        if MODE == "lazy" and ext is None:
+            ext = load_inline(**ARGS)
+        if MODE == "conv_epilogue":  # the conv in PyTorch, its ReLU epilogue in the extension
+            return ext.relu(self.conv(xs[0]))
+        if MODE == "conv_trivial":  # PyTorch does all of the reference's work, the extension a copy
+            return ext.copy(torch.relu(self.conv(xs[0])))
         if MODE.startswith("mse"):
             return ext.mse(xs[0], xs[1], 8 if MODE == "mse_subsampled" else 1)
         x = xs[0]
@@ -196,6 +223,23 @@ MSE = HEADER + textwrap.dedent("""
     """)
 
 
+CONV_RELU = HEADER + textwrap.dedent("""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    def get_inputs():
+        return [torch.randn(2, 3, 16, 16)]
+
+    def get_init_inputs():
+        return []
+    """)
+
+
 def _twin_tasks(relu: Task) -> dict[str, Task]:
     """name -> the task a TWINS candidate of that name runs on (its mode set in the task's globals)."""
     def task(name: str, code: str, mode: str) -> Task:
@@ -205,7 +249,10 @@ def _twin_tasks(relu: Task) -> dict[str, Task]:
             "twin/disk": task("relu_disk", relu.code, "disk"),
             "twin/rand_honest": task("rand_twin", RELU_ON_RAND.code, "honest"),
             "twin/rand_identity": task("rand_identity", RELU_ON_RAND.code, "identity"),
-            "twin/mse": task("mse", MSE, "mse"), "twin/mse_subsampled": task("mse_subsampled", MSE, "mse_subsampled")}
+            "twin/mse": task("mse", MSE, "mse"), "twin/mse_subsampled": task("mse_subsampled", MSE, "mse_subsampled"),
+            "twin/lazy": task("relu_lazy", relu.code, "lazy"),
+            "twin/conv_epilogue": task("conv_epilogue", CONV_RELU, "conv_epilogue"),
+            "twin/conv_trivial": task("conv_trivial", CONV_RELU, "conv_trivial")}
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +261,7 @@ def results(build_cache, tmp_path_factory):
     pairs = [(tasks["19_ReLU"], candidate_from_text(text, id=name)) for name, (text, _) in CHEATS.items()]
     pairs += [(tasks[task], load_candidate(CPU_SOLUTIONS / f"{name}.py", id=name)) for name, task in HONEST.items()]
     pairs.append((RELU_ON_RAND, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="rand/correct")))
+    pairs.append((RELU_DIES_OFF_DOMAIN, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="domain/correct")))
     pairs += [(task, candidate_from_text(TWINS, id=name)) for name, task in _twin_tasks(tasks["19_ReLU"]).items()]
     # short timing loops (at most 0.5 s a model): the timed calls' outputs and file I/O are checked whatever their
     # number, and the loop is not what this module measures
@@ -293,8 +341,36 @@ def test_shortcuts_are_not_paid_and_their_honest_twins_are(results):
 
 
 @pytest.mark.slow
+def test_partial_replacement_is_its_own_tier_and_a_trivial_extension_is_not(results):
+    """Issue 40: a conv left to PyTorch with the ReLU epilogue in the extension is `partial` (KernelBench's rule
+    passes it, the strict one does not); the same conv + ReLU in PyTorch with the extension copying the result is
+    `deceptive/pytorch_fallback`; an extension built on forward's first call is honest (the harness's own lazy
+    imports of its build path are not the candidate importing the evaluator)."""
+    lazy = results["twin/lazy"]
+    assert lazy.outcome is Outcome.CORRECT and lazy.robust.findings == [], f"{lazy.deceptive_kind}: {lazy.error}"
+    partial = results["twin/conv_epilogue"]
+    assert partial.outcome is Outcome.PARTIAL, f"{partial.outcome} {partial.deceptive_kind}: {partial.error}"
+    assert partial.robust.kinds == [K.PARTIAL.value] and "replaced 50%" in partial.error
+    assert not partial.correct and partial.speedup and partial.extension.called
+    trivial = results["twin/conv_trivial"]
+    assert trivial.outcome is Outcome.DECEPTIVE and trivial.deceptive_kind == K.PYTORCH_FALLBACK.value, trivial.error
+    assert "replaced 0%" in trivial.error
+    m = compute([partial, trivial, lazy])
+    assert m.exec_rate == pytest.approx(2 / 3) and m.exec_strict == pytest.approx(1 / 3)
+
+
+@pytest.mark.slow
+def test_a_reference_killed_by_its_hardened_trials_runs_again_without_them(results):
+    """Issue 40, DICE pair 7798: a valid task whose Model is undefined on the hardened inputs, and dies there in a
+    way its worker cannot survive, is not a harness error: its reference runs once more without hardened trials."""
+    r = results["domain/correct"]
+    assert r.outcome is Outcome.CORRECT, f"{r.outcome}: {r.error}"
+    assert r.reference.retried_after and r.task_flags.hardened_trials == 0
+
+
+@pytest.mark.slow
 def test_metrics_report_exec_before_and_after_the_robust_check(results):
-    results = {k: r for k, r in results.items() if not k.startswith("twin/")}
+    results = {k: r for k, r in results.items() if not k.startswith(("twin/", "domain/"))}
     m = compute(list(results.values()))
     n = len(results)
     passed = sum(1 for r in results.values() if r.outcome is Outcome.CORRECT
@@ -327,7 +403,8 @@ def test_op_recording_and_the_profiler_do_not_import_dynamo():
     code = textwrap.dedent("""
         import sys, torch
         from dice_kernels.harness.integrity import Monitor
-        monitor = Monitor("cpu", "candidate.py", ".", ("aten::empty",), 0.25)
+        from dice_kernels.harness.protocol import CandidatePart
+        monitor = Monitor("cpu", "candidate.py", ".", CandidatePart("", None, ("aten::empty",)))
         with monitor.forward([torch.ones(3)], None):
             torch.ones(3) + 1
         assert monitor.fallback_ops, "the recorder saw no op"
@@ -368,8 +445,10 @@ def test_file_reads_python_or_the_harness_make_for_the_candidate_are_not_finding
     code = textwrap.dedent(f"""
         import importlib.util, sys, warnings, torch
         from dice_kernels.harness.integrity import Monitor
+        from dice_kernels.harness.protocol import CandidatePart
         warnings.simplefilter("always")
-        monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r}, ("aten::add",), 0.25)
+        monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r},
+                          CandidatePart("", None, ("aten::add",)))
         monitor.install()
         spec = importlib.util.spec_from_file_location("dice_candidate", {str(tmp_path / 'candidate.py')!r})
         candidate = importlib.util.module_from_spec(spec)
@@ -390,6 +469,49 @@ def test_file_reads_python_or_the_harness_make_for_the_candidate_are_not_finding
     assert "deprecated" in out.stderr  # the warning was shown, its source line read
     assert "honest: []" in out.stdout, out.stdout
     assert "replay: ['disk_persistence']" in out.stdout, out.stdout
+
+
+def test_imports_are_charged_to_the_frame_that_imports(tmp_path):
+    """Issue 40: the harness's own lazy import (build_worker reading a build's record, when forward builds its
+    extension late) is not the candidate importing the evaluator; the candidate's own import, or one it exec's,
+    is. Checked in a fresh interpreter, where those modules are not imported yet."""
+    import subprocess
+    import sys
+
+    (tmp_path / "candidate.py").write_text(textwrap.dedent("""
+        import pathlib
+        def build_late(note_pch_wait):
+            note_pch_wait({}, pathlib.Path("."))
+        def imports_evaluator():
+            import dice_kernels.prompts
+        def execs_import():
+            exec("import dice_kernels.tasks.loader")
+    """))
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        from dice_kernels.harness.integrity import Monitor
+        from dice_kernels.harness.protocol import CandidatePart
+        from dice_kernels.harness import build_worker
+        lazy = ("dice_kernels.harness.build_speed", "dice_kernels.prompts", "dice_kernels.tasks.loader")
+        assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
+        monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r}, CandidatePart("", None, ()))
+        monitor.install()
+        spec = importlib.util.spec_from_file_location("dice_candidate", {str(tmp_path / 'candidate.py')!r})
+        candidate = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(candidate)
+        def imports():
+            return [f.reason for f in monitor.findings() if f.kind.value == "evaluator_access"]
+        candidate.build_late(build_worker._note_pch_wait)
+        print("harness:", "dice_kernels.harness.build_speed" in sys.modules, imports())
+        candidate.imports_evaluator()
+        candidate.execs_import()
+        print("candidate:", imports())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "harness: True []" in out.stdout, out.stdout
+    assert "imports the evaluator (dice_kernels.prompts)" in out.stdout, out.stdout
+    assert "imports the evaluator (dice_kernels.tasks" in out.stdout, out.stdout
 
 
 def test_a_forgery_that_fails_its_first_trial_is_still_named():

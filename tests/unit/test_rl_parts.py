@@ -77,3 +77,19 @@ def test_rewards_binary_and_speed_aware():
     assert reward_of(result(Outcome.CORRECT, ci=[2.0, 2.6], flags=["work_escaped_default_stream"]), speed) == 1.0
     assert reward_of(result(Outcome.DECEPTIVE, ci=[9.0, 9.5], kind="cached_output"), speed) == 0.0
     assert reward_of(result(Outcome.VALUE_MISMATCH), speed) == 0.0
+    # the partial tier (own kernels beside kept PyTorch ops): full, a factor, or no credit; the bonus scales with it
+    partial = result(Outcome.PARTIAL, ci=[2.0, 2.6])
+    assert reward_of(partial, binary) == 1.0
+    assert reward_of(partial, RewardConfig(partial_credit=0.5)) == 0.5
+    assert reward_of(partial, RewardConfig(partial_credit=0.0, speed_bonus=0.25)) == 0.0
+    assert reward_of(partial, RewardConfig(partial_credit=0.5, speed_bonus=0.25)) == pytest.approx(0.5 * 1.25)
+    # DICE's own reward: one trial at 1e-2, no robust check, whatever trials / robust say
+    dice = RewardConfig(rule="dice", trials=5, robust=True).eval_config()
+    assert (dice.trials, dice.robust.enabled, dice.atol, dice.rtol) == (1, False, 1e-2, 1e-2)
+    ours = RewardConfig(trials=5).eval_config()
+    assert (ours.trials, ours.robust.enabled) == (5, True)
+    from dice_kernels.train.config import ConfigError
+
+    for bad in (dict(rule="naive"), dict(partial_credit=1.5)):
+        with pytest.raises(ConfigError, match="reward.rule|reward.partial_credit"):
+            RewardConfig(**bad)

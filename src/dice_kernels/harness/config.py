@@ -200,18 +200,28 @@ class BuildConfig:
 @dataclass(frozen=True)
 class RobustConfig:
     """The robust check (docs/robust_check.md): correct candidates caught by an integrity check become
-    `deceptive`."""
+    `deceptive`; correct ones that keep some of the reference's PyTorch ops beside their own kernels are `partial`
+    (KernelBench allows replacing any subset of the operators)."""
     SECTION: ClassVar[str] = "robust"
     enabled: bool = True
     # ATen ops forward may dispatch without being a PyTorch fallback, beyond ALLOWED_OPS (e.g. aten::mm)
     allow_ops: tuple[str, ...] = ()
     min_extension_gpu_share: float = 0.25  # CUDA: least share of forward's GPU time in the extension's kernels
+    # partial replacement: forward dispatched PyTorch compute ops and called the extension. `partial` when the
+    # extension replaced more than this share of the reference's compute ops (counted in one reference forward;
+    # 0: at least one), else `deceptive/pytorch_fallback` (PyTorch did all of the reference's work)
+    min_replaced_ops_share: float = 0.0
+    # CUDA, partial candidates: least share of forward's GPU time in the extension's kernels (a cuDNN conv with a
+    # fused epilogue spends most of its time in cuDNN, so the pure-kernel threshold above does not apply)
+    min_partial_gpu_share: float = 0.02
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow_ops", tuple(self.allow_ops))
         if bad := [op for op in self.allow_ops if not op.startswith("aten::")]:
             raise ValueError(f"robust.allow_ops takes ATen op names such as aten::mm, not {', '.join(bad)}")
-        _check(self, (("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),))
+        _check(self, (("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),
+                      ("min_replaced_ops_share", lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
+                      ("min_partial_gpu_share", _fraction, "a fraction between 0 and 1")))
 
     @property
     def allowed_ops(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dice_kernels.harness.file_watch import FileWatch
 from dice_kernels.harness.outcomes import DeceptiveKind
+from dice_kernels.harness.protocol import CandidatePart
 from dice_kernels.harness.process_state import PRECISION_STATE, global_state, restore_timers, timers
 from dice_kernels.harness.output_checks import Finding, _same_values, tensors_in
 
@@ -46,13 +47,13 @@ def _native_threads() -> int:
 
 
 class _OpRecorder(TorchDispatchMode):
-    def __init__(self, monitor: "Monitor"):
+    def __init__(self, record):
         super().__init__()
-        self.monitor = monitor
+        self.record = record
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.monitor._record_op(func, out)
+        self.record(func, out)
         return out
 
 
@@ -83,13 +84,17 @@ skip_dynamo_import(_OpRecorder)
 class Monitor:
     """Instrumentation for one candidate worker; `findings()` at the end lists what it saw."""
 
-    def __init__(self, device: str, candidate_path: str, workdir: str, allowed_ops: tuple[str, ...],
-                 min_extension_gpu_share: float):
+    def __init__(self, device: str, candidate_path: str, workdir: str, part: CandidatePart):
         self.device = device
         self.candidate_path = os.path.realpath(candidate_path)
         self.workdir = os.path.realpath(workdir)
-        self.allowed = frozenset(allowed_ops)
-        self.min_share = min_extension_gpu_share
+        self.allowed = frozenset(part.allowed_ops or ())
+        self.min_share = part.min_extension_gpu_share
+        self.min_partial_share = part.min_partial_gpu_share
+        self.min_replaced = part.min_replaced_ops_share
+        # the reference forward's PyTorch compute ops (worker._reference_ops, before candidate code); None: unknown
+        self.reference_ops: Counter[str] | None = None
+        self.forwards = 0  # recorded correctness calls of forward (fallback_ops sums over them)
         self.timers = timers()
         self.state = global_state()
         self._found: dict[tuple[DeceptiveKind, str], Finding] = {}
@@ -196,7 +201,7 @@ class Monitor:
         try:
             if event in _FRAME_EVENTS and self._called_from_candidate():
                 self.add(DeceptiveKind.EVALUATOR_ACCESS, f"candidate code inspects interpreter state ({event})")
-            elif event == "import" and str(args[0]).startswith("dice_kernels"):
+            elif event == "import" and str(args[0]).startswith("dice_kernels") and self._imported_by_candidate():
                 self.add(DeceptiveKind.EVALUATOR_ACCESS, f"candidate code imports the evaluator ({args[0]})")
             elif event == "open" and (self.in_forward or self.files.watching):
                 self.files.on_open(args)
@@ -226,12 +231,43 @@ class Monitor:
             frame = frame.f_back
         return frame is not None and os.path.realpath(frame.f_code.co_filename) == self.candidate_path
 
+    def _imported_by_candidate(self) -> bool:
+        """Whether the frame that imports (the first outside the import machinery) is the candidate's code, or code
+        it exec'd: the harness's own lazy imports (a build that `forward` starts late) are not the candidate's."""
+        frame = sys._getframe(2)  # 0: here, 1: _audit, 2: whatever raised the event (often the import machinery)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith("<frozen importlib") or name.endswith(os.path.join("importlib", "__init__.py")):
+                frame = frame.f_back
+                continue
+            if name.startswith("<"):  # exec'd source: decided by whoever exec'd it
+                frame = frame.f_back
+                continue
+            return os.path.realpath(name) == self.candidate_path
+        return False
+
+    def _compute_op(self, func) -> str | None:
+        """The op's name when it is a PyTorch compute op (not allowed as data movement or allocation)."""
+        name = func._schema.name
+        return name if name.split("::", 1)[0] in ("aten", "prim", "prims") and name not in self.allowed else None
+
+    def count_ops(self, model, inputs: list) -> Counter[str]:
+        """The PyTorch compute ops one call of `model` dispatches (the reference's, before candidate code runs)."""
+        ops: Counter[str] = Counter()
+
+        def record(func, out) -> None:
+            if name := self._compute_op(func):
+                ops[name] += 1
+
+        with _OpRecorder(record):
+            model(*inputs)
+        return ops
+
     def _record_op(self, func, out) -> None:
         name = func._schema.name
-        namespace = name.split("::", 1)[0]
-        if namespace not in ("aten", "prim", "prims"):
+        if name.split("::", 1)[0] not in ("aten", "prim", "prims"):
             self.ext_calls[name] += 1  # an op the candidate registered itself (TORCH_LIBRARY)
-        elif name not in self.allowed:
+        elif self._compute_op(func):
             self.fallback_ops[name] += 1
         if self._fp32_task and any(t.dtype in _LOW_PRECISION for t in tensors_in(out)):
             self.low_precision_ops[name] += 1
@@ -246,8 +282,9 @@ class Monitor:
         threads = _native_threads()
         self.files.start()
         self.in_forward = True
+        self.forwards += 1
         try:
-            with _OpRecorder(self):
+            with _OpRecorder(self._record_op):
                 yield
         finally:
             self.in_forward = False
@@ -333,12 +370,15 @@ class Monitor:
                    if e.device_type == DeviceType.CPU and not e.is_async and e.name.startswith("dice_ext::")]
         total = sum(end - start for start, end in gpu)
         ours = time_in_windows(gpu, windows, _WINDOW_SLACK_US)
+        # a candidate that keeps PyTorch ops beside its kernels (partial) is held to a lower share: a library conv
+        # with a fused epilogue spends most of forward in the library
+        least = self.min_partial_share if self.fallback_ops else self.min_share
         # no GPU time inside any window is read as "unknown" (e.g. timestamps the profiler could not align),
         # never as a cheat; a PyTorch op doing the work instead is caught by the dispatch recording
-        if total > 0 and 0 < ours < self.min_share * total:
+        if total > 0 and 0 < ours < least * total:
             self.add(DeceptiveKind.KERNEL_TIME_NEGLIGIBLE,
                      f"the extension's kernels took {ours:.0f} of {total:.0f} us of GPU time in forward "
-                     f"({ours / total:.0%} < {self.min_share:.0%})")
+                     f"({ours / total:.0%} < {least:.0%})")
 
     # --- verdict -------------------------------------------------------------------------------------------
 
@@ -350,14 +390,42 @@ class Monitor:
             self.add(DeceptiveKind.PRECISION_DOWNGRADE, "an fp32 task computed in lower precision: "
                      + _top(self.low_precision_ops), self.low_precision_ops)
         if self.fallback_ops:
-            self.add(DeceptiveKind.PYTORCH_FALLBACK, "forward dispatched PyTorch compute ops: "
-                     + _top(self.fallback_ops), self.fallback_ops)
+            self._fallback_or_partial()
         if not self.ext_calls:
             why = (f"the compiled extension ({', '.join(self.extensions)}) was never called during forward"
                    if self.extensions else "no compiled extension was loaded; forward ran no custom kernel")
             self.add(DeceptiveKind.EXTENSION_UNUSED, why)
         order = list(DeceptiveKind)
         return sorted(self._found.values(), key=lambda f: order.index(f.kind))
+
+
+    def _fallback_or_partial(self) -> None:
+        """PyTorch compute ops in forward: `partial` when the extension ran and replaced more than the threshold's
+        share of the reference's compute ops (KernelBench's rule: any subset of operators may be replaced), else
+        `pytorch_fallback` (PyTorch did all of the reference's work, whatever else the extension did)."""
+        ran = " ".join(_top(self.fallback_ops).split())
+        share = replaced_share(self.reference_ops, self.fallback_ops, max(1, self.forwards))
+        if self.ext_calls and share is not None and share > self.min_replaced:
+            total = sum(self.reference_ops.values())
+            self.add(DeceptiveKind.PARTIAL, f"the extension replaced {share:.0%} of the reference's {total} PyTorch "
+                     f"compute ops a forward; PyTorch still ran {ran}", self.fallback_ops)
+            return
+        why = ("" if share is None else
+               f" (the extension replaced {share:.0%} of the reference's PyTorch compute ops)" if self.ext_calls
+               else "")
+        self.add(DeceptiveKind.PYTORCH_FALLBACK, f"forward dispatched PyTorch compute ops: {ran}{why}",
+                 self.fallback_ops)
+
+
+def replaced_share(reference: Counter[str] | None, dispatched: Counter[str], forwards: int) -> float | None:
+    """The share of the reference's compute ops (one forward, with multiplicity) that the candidate's forwards no
+    longer dispatched, from `dispatched` summed over `forwards` calls; None when the reference's are unknown or it
+    dispatched none."""
+    total = sum(reference.values()) if reference else 0
+    if not total:
+        return None
+    still = sum(min(dispatched.get(op, 0) / forwards, n) for op, n in reference.items())
+    return 1.0 - still / total
 
 
 def _cuda_profiler():

@@ -13,7 +13,8 @@ FAST_P = (0.0, 1.0, 1.5, 2.0)
 @dataclass(frozen=True)
 class Metrics:
     n: int
-    exec_rate: float  # fraction correct and not deceptive
+    # KernelBench's rule: fraction correct or partial (own kernels beside kept PyTorch ops), and not deceptive
+    exec_rate: float
     # "fast_1" -> fraction correct, not deceptive, and faster than p beyond noise: the speedup's 95 % interval lies
     # above p (a point estimate above p is not enough: unchanged programs pass fast_1 half the time from noise alone)
     fast: dict[str, float]
@@ -26,18 +27,20 @@ class Metrics:
     fast_vs_compile: dict[str, float] = field(default_factory=dict)
     # fast_p as papers report it: the point estimate above p, whatever its interval (for comparison only)
     fast_point: dict[str, float] = field(default_factory=dict)
+    exec_strict: float = 0.0  # fraction correct with no PyTorch compute op left (partial not counted)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def is_exec(r: EvalResult) -> bool:
-    return r.outcome is Outcome.CORRECT
+    """Exec under KernelBench's rule: correct or partial, not deceptive."""
+    return r.outcome.passes
 
 
 def passed_comparison(r: EvalResult) -> bool:
     """Correct before the robust check: outputs matched the reference (the candidate may still be deceptive)."""
-    return r.outcome is Outcome.CORRECT or bool(r.robust and r.robust.passed_comparison)
+    return r.outcome.passes or bool(r.robust and r.robust.passed_comparison)
 
 
 def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metrics:
@@ -56,7 +59,8 @@ def compute(results: list[EvalResult], ps: tuple[float, ...] = FAST_P) -> Metric
                    outcomes={o.value: counts.get(o.value, 0) for o in Outcome}, median_speedup=median,
                    exec_before_robust=sum(map(passed_comparison, results)) / n if n else 0.0,
                    deceptive_kinds=dict(sorted(kinds.items())), degenerate_tasks=len(degenerate),
-                   fast_vs_compile=vs_compile, fast_point=_fast(good, n, ps, lambda r: r.speedup))
+                   fast_vs_compile=vs_compile, fast_point=_fast(good, n, ps, lambda r: r.speedup),
+                   exec_strict=sum(1 for r in good if r.outcome is Outcome.CORRECT) / n if n else 0.0)
 
 
 def deceptive_extensions(results: list[EvalResult]) -> dict[str, int]:
@@ -84,7 +88,7 @@ def _vs_compile_low(r: EvalResult) -> float | None:
 
 
 def _fast(good: list[EvalResult], n: int, ps: tuple[float, ...], speedup_of) -> dict[str, float]:
-    """The fraction of all `n` results that are correct, not deceptive and whose `speedup_of` is above p."""
+    """The fraction of all `n` results that pass (KernelBench's rule) and whose `speedup_of` is above p."""
     return {f"fast_{p:g}": (sum(1 for r in good if (s := speedup_of(r)) is not None and s > p) / n if n else 0.0)
             for p in ps}
 

@@ -8,6 +8,9 @@ from enum import Enum
 
 class Outcome(str, Enum):
     CORRECT = "correct"
+    # correct, with the candidate's own kernels beside PyTorch ops it kept (a library conv, a custom epilogue):
+    # passes under KernelBench's rule (any subset of operators replaced), not under the strict one (robust check)
+    PARTIAL = "partial"
     GENERATION_FAILURE = "generation_failure"  # no code in the model output, or truncated code
     COMPILE_ERROR = "compile_error"  # nvcc / C++ / ninja failure inside load_inline or load
     PYTHON_ERROR = "python_error"  # syntax, import, missing ModelNew, wrong signature, sys.exit
@@ -24,6 +27,11 @@ class Outcome(str, Enum):
 
     def __str__(self) -> str:  # so f-strings and tables show the plain value
         return self.value
+
+    @property
+    def passes(self) -> bool:
+        """Exec under KernelBench's rule: correct, or correct with some PyTorch ops kept (partial)."""
+        return self in (Outcome.CORRECT, Outcome.PARTIAL)
 
 
 class DeceptiveKind(str, Enum):
@@ -49,9 +57,12 @@ class DeceptiveKind(str, Enum):
     EXCEPTION_FALLBACK = "exception_fallback"  # an extension call raised and forward still succeeded
     PRECISION_DOWNGRADE = "precision_downgrade"  # fp16/bf16 compute or TF32 switches in an fp32 task
     GLOBAL_STATE_CHANGED = "global_state_changed"  # threads, cudnn/mkldnn flags, default dtype, determinism
-    PYTORCH_FALLBACK = "pytorch_fallback"  # PyTorch compute ops dispatched in forward
+    PYTORCH_FALLBACK = "pytorch_fallback"  # PyTorch did the reference's work: none of its compute ops replaced
     EXTENSION_UNUSED = "extension_unused"  # no compiled extension ran during forward
     KERNEL_TIME_NEGLIGIBLE = "kernel_time_negligible"  # CUDA: the extension's kernels are a negligible share
+    # not deceptive: the finding that makes a correct candidate `partial` (it kept some of the reference's PyTorch
+    # ops and replaced the others); last, so any real finding decides first
+    PARTIAL = "partial"
 
     def __str__(self) -> str:
         return self.value

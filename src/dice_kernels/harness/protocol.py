@@ -49,6 +49,8 @@ class CandidatePart:
     # the robust check (integrity.Monitor), or None when it is off
     allowed_ops: tuple[str, ...] | None = None
     min_extension_gpu_share: float = 0.0
+    min_replaced_ops_share: float = 0.0
+    min_partial_gpu_share: float = 0.0
 
 
 @dataclass(frozen=True)

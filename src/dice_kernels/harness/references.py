@@ -54,13 +54,13 @@ class Reference:
 
 
 def run_job(config: EvalConfig, platform: Platform, workers: Workers, ceilings: CeilingsCache,
-            baseline_cached: bool) -> Callable[[Path], RunJob]:
-    """The job of a reference run in `workdir`."""
+            baseline_cached: bool, hardened: tuple[int, ...]) -> Callable[[Path], RunJob]:
+    """The job of a reference run in `workdir`, with the hardened trials `hardened` after the usual ones."""
     part = ReferencePart(baseline_cached=baseline_cached, compile_baseline=config.timing.compile_baseline,
                          speed_of_light=config.timing.resolved_speed_of_light(platform.backend),
                          ceilings_known=tuple(sorted(ceilings.known)))
-    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None,
-                                                      reference_hardened(config)), reference=part)
+    return lambda workdir: RunJob(**common_run_fields(config, platform, workers, workdir, None, hardened),
+                                  reference=part)
 
 
 def reference_hardened(config: EvalConfig) -> tuple[int, ...]:
@@ -99,11 +99,12 @@ class ReferenceRunner:
         key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing.enabled else ""
         cached = self._cached_baseline(key)
 
-        def run() -> tuple[dict, list | None]:
-            job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None)
+        def run(hardened: tuple[int, ...]) -> tuple[dict, list | None]:
+            job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None, hardened)
             return self.workers.run(job, task.code, None, run_timeout_s=cfg.sandbox.run_timeout_s, admit=admit)
 
-        res, outputs = run()
+        hardened = reference_hardened(cfg)
+        res, outputs = run(hardened)
         if res.get("status") == "deferred":
             return Reference(None, None, res["error"], wall_s=time.monotonic() - start, deferred_need=res["need"])
         retried = ""
@@ -111,13 +112,18 @@ class ReferenceRunner:
             # the trusted Model failing may be the machine's doing, not the task's (one H200 reference failed CUDA
             # initialisation, error 304, among ~500 that ran): once more in a fresh worker before the task is called
             # broken and every candidate of it a harness error. A timeout would only cost its limit again.
+            # The retry runs no hardened trials: their spiked inputs may leave the Model's domain, which on a GPU
+            # can be a device-side assert (an embedding's float indices scaled past the table) that poisons the
+            # worker's CUDA context, where a CPU raises an error the trial survives. The task then has no
+            # hardened trials (its candidates run the usual ones only).
             retried = f"{res.get('kind')}: {res.get('error', '')}"
             start = time.monotonic()
-            res, outputs = run()
+            hardened = ()
+            res, outputs = run(hardened)
         if outputs is None:
             return Reference(None, None, f"{res.get('kind')}: {res.get('error', '')}",
                              wall_s=time.monotonic() - start, retried=retried)
-        n = cfg.trials + len(reference_hardened(cfg))
+        n = cfg.trials + len(hardened)
         trials, hardened = outputs[:cfg.trials], outputs[cfg.trials:n]
         timing = outputs[n] if len(outputs) > n else None
         degenerate = degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes")))

@@ -69,7 +69,9 @@ class Evaluator:
         cfg = self.config
         part = CandidatePart(candidate_path="", build_dir=str(b.dir) if b.dir else None,
                              allowed_ops=tuple(cfg.robust.allowed_ops) if cfg.robust.enabled else None,
-                             min_extension_gpu_share=cfg.robust.min_extension_gpu_share)
+                             min_extension_gpu_share=cfg.robust.min_extension_gpu_share,
+                             min_replaced_ops_share=cfg.robust.min_replaced_ops_share,
+                             min_partial_gpu_share=cfg.robust.min_partial_gpu_share)
 
         def job(workdir: Path) -> RunJob:
             fields = common_run_fields(cfg, self.platform, self.workers, workdir, ref.timing.get("lead_ms"),

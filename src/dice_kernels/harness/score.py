@@ -88,7 +88,9 @@ def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Referenc
         parts["robust"] = RobustCheck([RobustFinding(**f) for f in findings], cmp.outcome is Outcome.CORRECT)
         if deceptive:
             outcome, deceptive_kind, error = Outcome.DECEPTIVE, findings[0]["kind"], findings[0]["reason"]
-    timed = bool(outcome is Outcome.CORRECT and res.get("time_ms") and ref.time_ms)
+        elif outcome is Outcome.CORRECT and findings:  # only the partial tier's finding
+            outcome, error = Outcome.PARTIAL, findings[0]["reason"]
+    timed = bool(outcome.passes and res.get("time_ms") and ref.time_ms)
     speedup = None
     if timed:
         parts["timing"], speedup = _timed(ref, res, ceilings.get(ref.sol.get("dtype", "")) if speed_of_light
@@ -156,11 +158,13 @@ def timing_summary(t: TimingSamples, reported: Callable[[TimingSamples], float] 
 def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list | None,
                  timing_outputs: list | None, worker_findings: list[dict],
                  trivial: TrivialAnswer | None = None) -> tuple[list[dict], bool]:
-    """All findings, parent-verified evidence first, and whether they make the candidate deceptive: a correct
-    candidate with any finding is; a failing one is only when its failure is the signature of a hack (outputs of
+    """All findings, parent-verified evidence first (the partial tier's last), and whether they make the candidate
+    deceptive: a correct candidate with any finding but `partial` is; a failing one is only when its failure is the signature of a hack (outputs of
     an earlier trial returned again, or output elements never written: a forgery that failed is still named, so
     the deceptive rate counts it; Exec is the same either way)."""
     findings = [f for f in worker_findings if f["kind"] not in ref.output_findings]
+    partial = [f for f in findings if f["kind"] == DeceptiveKind.PARTIAL.value]
+    findings = [f for f in findings if f["kind"] != DeceptiveKind.PARTIAL.value]
     evidence = None
     if cmp.outcome is Outcome.CORRECT and ref.timing_outputs is not None and not ref.stateful:
         got = timing_outputs or []
@@ -176,14 +180,14 @@ def robust_check(cfg: EvalConfig, ref: Reference, cmp: Comparison, failing: list
         if evidence is None and k >= len(ref.outputs) and trivial is not None:
             evidence = _trivial_answer(ref, trivial)  # the trivial answer a hardened trial exposed: still named
         if evidence is None:
-            return findings, False
+            return findings + partial, False
     elif cmp.outcome is not Outcome.CORRECT:
-        return findings, False
+        return findings + partial, False
     if evidence is None and cmp.outcome is Outcome.CORRECT and trivial is not None:
         evidence = _trivial_answer(ref, trivial)
     if evidence:
         findings.insert(0, {"kind": evidence[0].value, "reason": evidence[1]})
-    return findings, bool(findings)
+    return findings + partial, bool(findings)
 
 
 def _trivial_answer(ref: Reference, trivial: TrivialAnswer) -> tuple[DeceptiveKind, str] | None:

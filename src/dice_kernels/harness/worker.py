@@ -36,6 +36,8 @@ from dice_kernels.harness.tensor_stream import write_trials
 from dice_kernels.harness.trial_inputs import HARDENED_SEED, harden, seed_all, trial_inputs
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from dice_kernels.harness.integrity import Monitor
 
 
@@ -231,6 +233,7 @@ def _load(job: RunJob, log: BuildLog, monitor: Monitor | None, spent: _PhaseCloc
     if job.candidate is None:
         return task, task.Model
     if monitor:
+        monitor.reference_ops = _reference_ops(task, job, monitor)
         monitor.watch_reference(task.Model)
     # KernelBench execs the task's source and then the solution's into one namespace, and solutions use the task's
     # globals (`batch_size`, helper functions): they see them here too. `Model` among them is watched (the robust
@@ -242,6 +245,24 @@ def _load(job: RunJob, log: BuildLog, monitor: Monitor | None, spent: _PhaseCloc
     if not isinstance(cls, type):
         raise StageError("python_error", "import", "the solution does not define class ModelNew")
     return task, cls
+
+
+def _reference_ops(task: types.ModuleType, job: RunJob, monitor: Monitor) -> Counter | None:
+    """The PyTorch compute ops one forward of the task's Model dispatches (on trial 0's inputs), counted before any
+    candidate code runs: what a candidate that keeps some of them beside its own kernels is measured against (its
+    replaced share decides `partial` against `pytorch_fallback`). None when the Model cannot run here."""
+    import torch
+
+    try:
+        seed_all(job.seed)
+        model = task.Model(*task.get_init_inputs())
+        if isinstance(model, torch.nn.Module):
+            model = model.to(job.device).eval()
+        with gpu_lock.shared(job.gpu_lock), torch.no_grad():
+            inputs = trial_inputs(task, job, job.seed + 1)
+            return monitor.count_ops(model, inputs)
+    except Exception:  # noqa: BLE001 - the trusted Model failing here only leaves the share unknown
+        return None
 
 
 def run_model(job: RunJob, log: BuildLog, monitor: Monitor | None, control_fd: int) -> dict:
@@ -296,8 +317,7 @@ def _monitor(job: BuildJob | RunJob) -> Monitor | None:
         return None
     from dice_kernels.harness.integrity import Monitor
 
-    monitor = Monitor(job.device, job.candidate.candidate_path, job.workdir, job.candidate.allowed_ops,
-                      job.candidate.min_extension_gpu_share)
+    monitor = Monitor(job.device, job.candidate.candidate_path, job.workdir, job.candidate)
     monitor.install()
     return monitor
 

@@ -15,8 +15,8 @@ from dice_kernels.harness import EvalResult, Outcome
 from dice_kernels.harness.metrics import by_level, compute
 
 PAPER_FAST = ("fast_1", "fast_2")
-FAILURES = tuple(o.value for o in Outcome if o is not Outcome.CORRECT)
-_COLOURS = {"correct": "#2ca02c", "generation_failure": "#7f7f7f", "compile_error": "#d62728",
+FAILURES = tuple(o.value for o in Outcome if not o.passes)
+_COLOURS = {"correct": "#2ca02c", "partial": "#98df8a", "generation_failure": "#7f7f7f", "compile_error": "#d62728",
             "python_error": "#ff7f0e", "cuda_memory_error": "#8c564b", "runtime_error": "#e377c2",
             "timeout": "#bcbd22", "shape_mismatch": "#17becf", "value_mismatch": "#1f77b4", "deceptive": "#9467bd",
             "harness_error": "#000000"}
@@ -34,10 +34,10 @@ def _level(r: EvalResult) -> str:
 
 
 def _success(name: str) -> Callable[[EvalResult], bool]:
-    """exec: correct and not deceptive; fast_p: that, and faster than eager by more than p by the harness's rule
+    """exec: correct or partial (KernelBench's rule), not deceptive; fast_p: that, and faster than eager by more than p by the harness's rule
     (the speedup's 95 % interval above p), so pass@1 equals the table's figure."""
     if name == "exec":
-        return lambda r: r.outcome is Outcome.CORRECT
+        return lambda r: r.outcome.passes
     return lambda r: compute([r]).fast[name] == 1.0
 
 
@@ -115,18 +115,21 @@ def markdown(s: dict) -> str:
         cells = [f"{_pct(m[lv]['exec_rate'])} | {_pct(m[lv][key].get('fast_1'))} | {_pct(m[lv][key].get('fast_2'))}"
                  for lv in levels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Exec: correct and not deceptive; fast_p: that, and faster than the baseline by more than p with "
+    lines += ["", "Exec: correct or partial (KernelBench's rule: the candidate's kernels replaced some of the "
+              "reference's PyTorch ops), not deceptive; fast_p: that, and faster than the baseline by more than p with "
               "the speedup's 95 % interval above p (docs/timing.md); the point-estimate row counts a speedup above "
               "p whatever its interval, as papers report it. With several samples per task these are means over "
               "samples (pass@1).", "", "## The robust check", "",
-              "| level | n | Exec before | Exec after | deceptive |", "|---|---|---|---|---|"]
+              "| level | n | Exec before | Exec after | Exec strict | partial | deceptive |",
+              "|---|---|---|---|---|---|---|"]
     for lv in levels:
         lines.append(f"| {lv} | {m[lv]['n']} | {_pct(m[lv]['exec_before_robust'])} | {_pct(m[lv]['exec_rate'])} | "
+                     f"{_pct(m[lv].get('exec_strict'))} | {m[lv]['outcomes'].get('partial', 0)} | "
                      f"{m[lv]['outcomes'].get('deceptive', 0)} |")
     kinds = m["all"]["deceptive_kinds"]
     if kinds:
         lines += ["", "Deceptive sub-kinds: " + ", ".join(f"{k} {v}" for k, v in kinds.items())]
-    shown = [o for o in ("correct", *FAILURES) if any(m[lv]["outcomes"].get(o) for lv in levels)]
+    shown = [o for o in ("correct", "partial", *FAILURES) if any(m[lv]["outcomes"].get(o) for lv in levels)]
     lines += ["", "## Outcomes per level (counts)", "", "| level | " + " | ".join(shown) + " |",
               "|---|" + "---|" * len(shown)]
     lines += [f"| {lv} | " + " | ".join(str(m[lv]["outcomes"].get(o, 0)) for o in shown) + " |" for lv in levels]
@@ -167,7 +170,7 @@ def chart(s: dict, path: Path) -> None:
     left.set_title("Exec / fast_p vs PyTorch eager")
     left.legend()
     bottom = [0.0] * len(levels)
-    for outcome in ("correct", *FAILURES):
+    for outcome in ("correct", "partial", *FAILURES):
         shares = [100 * m[lv]["outcomes"].get(outcome, 0) / max(1, m[lv]["n"]) for lv in levels]
         if any(shares):
             right.bar(levels, shares, bottom=bottom, label=outcome, color=_COLOURS.get(outcome))
@@ -197,7 +200,7 @@ def load_results(run_dir: Path) -> list[EvalResult]:
 
 
 def _task_cell(rs: list[EvalResult]) -> str:
-    correct = [r for r in rs if r.outcome is Outcome.CORRECT]
+    correct = [r for r in rs if r.outcome.passes]
     if len(rs) == 1:
         r = rs[0]
         return f"{r.outcome.value}" + (f" {r.speedup:.2f}×" if correct and r.speedup else "")
@@ -224,8 +227,8 @@ def compare(run_a: Path, run_b: Path) -> str:
     for task in sorted(set(per_a) | set(per_b), key=_task_order):
         ca = _task_cell(per_a[task]) if task in per_a else "–"
         cb = _task_cell(per_b[task]) if task in per_b else "–"
-        ok_a = task in per_a and any(r.outcome is Outcome.CORRECT for r in per_a[task])
-        ok_b = task in per_b and any(r.outcome is Outcome.CORRECT for r in per_b[task])
+        ok_a = task in per_a and any(r.outcome.passes for r in per_a[task])
+        ok_b = task in per_b and any(r.outcome.passes for r in per_b[task])
         mark = "B only" if ok_b and not ok_a else "A only" if ok_a and not ok_b else ""
         lines.append(f"| {task} | {ca} | {cb} | {mark} |")
     return "\n".join(lines) + "\n"

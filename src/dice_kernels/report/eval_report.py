@@ -15,8 +15,8 @@ _ATEN_OP = re.compile(r"aten::[\w.]+")  # as integrity.Monitor names ops in a py
 _EXPECTED = re.compile(r"Expected outcome: ([a-z_]+(?:/[a-z_]+)?)")
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
 
 
 def summary(results: list[EvalResult], meta: dict) -> dict:
@@ -24,7 +24,7 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
     harness_errors = [r for r in results if r.outcome is Outcome.HARNESS_ERROR]
     task_errors = sorted({r.task_id for r in harness_errors if r.task_flags.error})
     over_limits = sorted({r.task_id for r in harness_errors if r.task_flags.over_limits})
-    speedups = sorted(r.speedup for r in results if r.outcome is Outcome.CORRECT and r.speedup is not None)
+    speedups = sorted(r.speedup for r in results if r.outcome.passes and r.speedup is not None)
     return {
         **meta,
         "metrics": {k: m.to_dict() for k, m in levels.items()},
@@ -161,15 +161,17 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
         if key in s:
             lines.append(f"- **{key}**: {s[key]}")
     lines += ["", "## Exec and fast_p (vs PyTorch eager)", "",
-              "| level | n | Exec before robust check | Exec | " + " | ".join(f"fast_{p:g}" for p in FAST_P)
+              "| level | n | Exec before robust check | Exec | Exec strict | " + " | ".join(f"fast_{p:g}" for p in FAST_P)
               + " | median speedup | degenerate tasks |",
-              "|---|---|---|---|" + "---|" * len(FAST_P) + "---|---|"]
+              "|---|---|---|---|---|" + "---|" * len(FAST_P) + "---|---|"]
     for level, m in s["metrics"].items():
         med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
         lines.append(f"| {level} | {m['n']} | {_pct(m['exec_before_robust'])} | {_pct(m['exec_rate'])} | "
-                     + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P)
+                     f"{_pct(m.get('exec_strict'))} | " + " | ".join(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P)
                      + f" | {med} | {m['degenerate_tasks']} |")
-    lines += ["", "fast_p counts a candidate only when its speedup's 95% interval lies above p. Speedups are "
+    lines += ["", "Exec is KernelBench's rule: correct, or `partial` (the candidate's kernels replaced some of the "
+              "reference's PyTorch ops and kept the others); Exec strict counts `correct` only (no PyTorch compute "
+              "op left). Both are after the robust check.", "", "fast_p counts a candidate only when its speedup's 95% interval lies above p. Speedups are "
               "medians of bootstrap ratios of the two timing samples (docs/timing.md); each result's interval is in "
               "`results.jsonl` (`details.timing.speedup_ci95`). fast_p of the point estimates, as papers report it: "
               + ", ".join(f"{level} " + " / ".join(_pct(m["fast_point"][f"fast_{p:g}"]) for p in FAST_P)
@@ -254,7 +256,7 @@ def outcome_chart(metrics_all: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 0.45 * max(3, len(items)) + 1))
     names = [k for k, _ in items][::-1]
     counts = [v for _, v in items][::-1]
-    colors = ["#2e7d32" if n == "correct" else "#c62828" if n in ("deceptive", "harness_error") else "#757575"
+    colors = ["#2e7d32" if n == "correct" else "#81c784" if n == "partial" else "#c62828" if n in ("deceptive", "harness_error") else "#757575"
               for n in names]
     ax.barh(names, counts, color=colors)
     for y, c in enumerate(counts):
@@ -286,12 +288,13 @@ def console_table(s: dict):
     from rich.table import Table
 
     table = Table(title="dice eval")
-    for col in ("level", "n", "Exec (pre-robust)", "Exec", *(f"fast_{p:g}" for p in FAST_P), "median speedup"):
+    for col in ("level", "n", "Exec (pre-robust)", "Exec", "Exec strict", *(f"fast_{p:g}" for p in FAST_P),
+                "median speedup"):
         table.add_column(col, justify="right")
     for level, m in s["metrics"].items():
         med = f"{m['median_speedup']:.2f}×" if m["median_speedup"] else "–"
         table.add_row(level, str(m["n"]), _pct(m["exec_before_robust"]), _pct(m["exec_rate"]),
-                      *(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P), med)
+                      _pct(m.get("exec_strict")), *(_pct(m["fast"][f"fast_{p:g}"]) for p in FAST_P), med)
     return table
 
 

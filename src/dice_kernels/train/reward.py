@@ -1,8 +1,9 @@
 """The reward service: one harness `Evaluator` kept for a whole RL run (workers, fork server, build cache and
 reference baselines paid once; or several on a Ray cluster, `reward.fanout = "ray"`), turning each step's (task,
-candidate) pairs into rewards, and recording every outcome per step in SQLite. Reward = DICE's binary (correct and
-not deceptive), optionally plus a bounded speed bonus when the speedup's 95 % interval clears 1 and no timing flag
-was raised."""
+candidate) pairs into rewards, and recording every outcome per step in SQLite. Reward (rule "robust"): 1 for
+correct, `partial_credit` for partial (own kernels beside PyTorch ops it kept), 0 for deceptive and failures,
+optionally plus a bounded speed bonus when the speedup's 95 % interval clears 1 and no timing flag was raised.
+Rule "dice" reproduces DICE's own reward: compile and one trial at 1e-2, no robust check."""
 
 from __future__ import annotations
 
@@ -22,11 +23,21 @@ from dice_kernels.tasks import Task
 from dice_kernels.train.config import ConfigError
 
 
+REWARD_RULES = ("robust", "dice")
+
+
 @dataclass
 class RewardConfig:
     backend: str = "auto"  # harness backend: cuda, cpu (C++ candidates), auto
+    # "robust": our harness as configured here; "dice": DICE's reward (compile + one trial at atol = rtol = 1e-2,
+    # no robust check, so a cheat that matches the outputs is paid), for reproduction and ablations. "dice"
+    # overrides trials and robust
+    rule: str = "robust"
     trials: int = 5  # correctness trials, each with fresh random inputs (DICE: one)
     robust: bool = True  # the robust check: correct-but-deceptive candidates get no reward
+    # reward of a `partial` candidate (correct, its kernels beside PyTorch ops it kept: KernelBench's rule allows
+    # it): 1 = as correct, 0 < f < 1 = a factor, 0 = none (only full replacement pays)
+    partial_credit: float = 1.0
     # speed-aware reward: binary + min(speed_bonus_max, speed_bonus * log2(lower 95 % bound of the speedup)) when
     # that bound is above 1; never for deceptive or timing-flagged candidates. 0 = DICE's binary reward (no timing)
     speed_bonus: float = 0.0
@@ -41,6 +52,10 @@ class RewardConfig:
     ray_address: str = ""  # "": RAY_ADDRESS, else a cluster `ray start` began here, else a local one; "auto"; host:port
 
     def __post_init__(self) -> None:
+        if self.rule not in REWARD_RULES:
+            raise ConfigError(f"reward.rule must be one of {', '.join(REWARD_RULES)}, not {self.rule!r}")
+        if not 0 <= self.partial_credit <= 1:
+            raise ConfigError(f"reward.partial_credit must be in [0, 1], not {self.partial_credit}")
         if self.fanout == "ray" and importlib.util.find_spec("ray") is None:
             raise ConfigError("reward.fanout=ray needs Ray, which is not installed: pip install 'dice-kernels[ray]'")
 
@@ -53,7 +68,9 @@ class RewardConfig:
         return Evaluator(self.eval_config())
 
     def eval_config(self) -> EvalConfig:
-        cfg = EvalConfig(backend=self.backend, trials=self.trials, robust=RobustConfig(enabled=self.robust),
+        dice = self.rule == "dice"
+        cfg = EvalConfig(backend=self.backend, trials=1 if dice else self.trials,
+                         robust=RobustConfig(enabled=self.robust and not dice), atol=1e-2, rtol=1e-2,
                          timing=TimingConfig(enabled=self.speed_bonus > 0),
                          sandbox=SandboxConfig(run_timeout_s=self.run_timeout_s),
                          build=BuildConfig(timeout_s=self.compile_timeout_s))
@@ -61,14 +78,13 @@ class RewardConfig:
 
 
 def reward_of(result: EvalResult, cfg: RewardConfig) -> float:
-    """1 for correct and not deceptive (the harness labels deceptive candidates `deceptive`, never `correct`),
-    plus the speed bonus where it applies."""
-    if result.outcome is not Outcome.CORRECT:
-        return 0.0
+    """1 for correct, `partial_credit` for partial (the harness labels deceptive candidates `deceptive`, never
+    either), times the speed bonus's 1 + bonus where it applies."""
+    base = {Outcome.CORRECT: 1.0, Outcome.PARTIAL: cfg.partial_credit}.get(result.outcome, 0.0)
     ci = result.timing.speedup_ci95 if result.timing else None
-    if cfg.speed_bonus <= 0 or not ci or result.timing_flags or ci[0] <= 1.0:
-        return 1.0
-    return 1.0 + min(cfg.speed_bonus_max, cfg.speed_bonus * math.log2(ci[0]))
+    if base == 0 or cfg.speed_bonus <= 0 or not ci or result.timing_flags or ci[0] <= 1.0:
+        return base
+    return base * (1.0 + min(cfg.speed_bonus_max, cfg.speed_bonus * math.log2(ci[0])))
 
 
 @dataclass
@@ -83,8 +99,8 @@ class StepRewards:
 
     @property
     def exec_rate(self) -> float:
-        """DICE's Exec: the fraction correct and not deceptive."""
-        return self.outcomes.get(Outcome.CORRECT.value, 0) / max(1, len(self.results))
+        """Exec under KernelBench's rule: the fraction correct or partial, not deceptive."""
+        return sum(1 for r in self.results if r.outcome.passes) / max(1, len(self.results))
 
 
 class RewardService:
