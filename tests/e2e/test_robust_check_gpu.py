@@ -13,7 +13,7 @@ import pytest
 from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate,
                                   load_candidate)
 from dice_kernels.harness.outcomes import DeceptiveKind as K
-from dice_kernels.tasks import load_tasks
+from dice_kernels.tasks import Task, load_tasks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "dice_kernels" / "examples"
@@ -91,12 +91,60 @@ CHEATS = {
 }
 
 
+# A cuDNN conv kept in PyTorch with the ReLU epilogue in the candidate's kernel: partial, not deceptive (issue 40)
+CONV_RELU = Task(id="conv_relu", name="conv_relu", code=textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 32, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    def get_inputs():
+        return [torch.randn(8, 16, 64, 64)]
+
+    def get_init_inputs():
+        return []
+    """))
+CONV_EPILOGUE = _cheat("robust_conv_epilogue", """
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 32, 3)
+
+        def forward(self, x):
+            return ext.relu(self.conv(x).contiguous(), 0)
+    """)
+
+
+def _dice_pair_7798(shared: Path) -> tuple[Task, object] | None:
+    """DICE infilling pair 7798: an embedding of floored float indices, which the hardened trials push past the
+    table (a device-side assert in the reference's worker); was a harness error, must be judged as any task."""
+    path = shared / "corpora" / "dice_infill_eval_99.json"
+    if not path.is_file():
+        return None
+    import json
+
+    pair = next(p for p in json.loads(path.read_text()) if str(p["id"]) == "7798")
+    return (Task(id="dice/7798", name="dice_7798", code=pair["pytorch_code"]),
+            candidate_from_text(pair["cuda_code"], id="dice/7798"))
+
+
 @pytest.fixture(scope="module")
 def results(build_cache, tmp_path_factory):
+    from conftest import SHARED_DATA
+
     task = next(t for t in load_tasks(EXAMPLES / "tasks") if t.name == "19_ReLU")
     pairs = [(task, candidate_from_text(text, id=name)) for name, (text, _) in CHEATS.items()]
     honest = EXAMPLES / "solutions" / "cuda" / "level1" / "19_ReLU" / "correct.py"
     pairs.append((task, load_candidate(honest, id="honest")))
+    pairs.append((CONV_RELU, candidate_from_text(CONV_EPILOGUE, id="conv_epilogue")))
+    if (dice := _dice_pair_7798(SHARED_DATA)) is not None:
+        pairs.append(dice)
     config = EvalConfig(backend="cuda", trials=3, cache_dir=build_cache, build=BuildConfig(jobs=8),
                         timing=TimingConfig(warmup=2, iters=10))
     return {r.candidate_id: r for r in evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust-gpu"),
@@ -114,3 +162,16 @@ def test_honest_cuda_kernel_stays_correct(results):
     r = results["honest"]
     assert r.outcome is Outcome.CORRECT, f"{r.outcome} {r.deceptive_kind} {r.error}"
     assert r.robust.findings == []
+
+
+def test_a_library_conv_with_a_custom_epilogue_is_partial(results):
+    r = results["conv_epilogue"]
+    assert r.outcome is Outcome.PARTIAL, f"{r.outcome} {r.deceptive_kind} {r.error} {r.robust}"
+    assert r.extension.called and r.speedup
+
+
+def test_dice_pair_7798_is_judged_not_a_harness_error(results):
+    if "dice/7798" not in results:
+        pytest.skip("../shared/data is not present")
+    r = results["dice/7798"]
+    assert r.outcome in (Outcome.CORRECT, Outcome.PARTIAL), f"{r.outcome} {r.deceptive_kind} {r.error}"
