@@ -84,6 +84,12 @@ def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[in
     return ids, pos, noisy, copy, targets
 
 
+def denoising_rows(traj: Trajectory, block_size: int) -> int:
+    """DICE's rows of a response: one per (block, denoising step) that unmasked a generated token, i.e. the states
+    its replay scores (DICE's trainer feeds each as its own row; ours scores them all in one sequence)."""
+    return len({(j // block_size, s) for j, s in enumerate(traj.steps)})
+
+
 def replay_length(traj: Trajectory, block_size: int) -> int:
     """Tokens in a trajectory's scoring row: its clean context and one block per (block, step) scored."""
     seq = len(traj.prompt) + len(traj.tokens)
