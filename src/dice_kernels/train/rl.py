@@ -1,4 +1,4 @@
-"""`dice train rl`: BiC-RL (DESIGN.md §5). Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
+"""`dice train rl`: BiC-RL. Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
 sampler, trajectories kept) -> rewards from the long-lived harness service -> group z-scored advantages -> TraceRL
 update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds every knob, `RLStep` does one step,
 `run_rl` is the loop every rank runs (build, resume, step, log, save, export: the SFT trainer's infrastructure)."""
@@ -281,7 +281,7 @@ class RLStep:
         trajs = [t for _, t, _ in kept]
         n_updates = self.updates_for(trajs)
         adv = torch.tensor([a for _, _, a in kept], dtype=torch.float32, device=device)
-        # DESIGN §5: each row's sum over its tokens divided by the padded response length (the step's longest
+        # each row's sum over its tokens divided by the padded response length (the step's longest
         # response, rounded up to whole blocks), so every row is weighed on one scale
         norm_len = _max([max((-(-len(t.tokens) // block) * block for t in trajs), default=0)], self.dist)[0]
         parts = [[i for i, (gid, _, _) in enumerate(kept) if gid % n_updates == k] for k in range(n_updates)]

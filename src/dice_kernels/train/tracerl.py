@@ -1,4 +1,4 @@
-"""TraceRL's objective (DESIGN.md §5): replay each response's sampling trajectory. A token unmasked at denoising
+"""TraceRL's objective: replay each response's sampling trajectory. A token unmasked at denoising
 step s of its block is scored with the model seeing the state before step s (earlier blocks clean, its block with
 the tokens of steps >= s masked); every block and step of a batch of responses is scored in one forward."""
 
