@@ -75,7 +75,8 @@ CHEATS = {
     "tf32_switch": (_model(RELU, init="torch.backends.cuda.matmul.allow_tf32 = True"), K.PRECISION_DOWNGRADE),
     "more_threads": (_model(RELU, init="torch.set_num_threads(2)"), K.GLOBAL_STATE_CHANGED),
     "torch_compile": (_model("return self.f(x)", init="self.f = torch.compile(torch.relu)"), K.TORCH_COMPILE),
-    "returns_input_relu_in_place": (_model("return x.relu_()"), K.OUTPUT_ALIASES_INPUT),
+    # an in-place op on the input, returned: named for the write to the input (it aliases it too)
+    "returns_input_relu_in_place": (_model("return x.relu_()"), K.INPUT_MUTATED),
     "mutates_input": (_model("y = torch.relu(x); x.zero_(); return y"), K.INPUT_MUTATED),
     "lazy_subclass": (_model("return torch.relu(x).as_subclass(Lazy)", top="class Lazy(torch.Tensor):\n    pass\n"),
                       K.TENSOR_SUBCLASS),
@@ -564,3 +565,15 @@ def test_a_shortcut_on_a_degenerate_task_is_not_paid_and_an_honest_kernel_still_
     assert verdict(exact_zero, torch.zeros_like) == (Outcome.CORRECT, [])
     assert verdict(mean, lambda t: torch.full_like(t, 2.0)) == (Outcome.DECEPTIVE, [K.TRIVIAL_OUTPUT.value])
     assert verdict(mean, lambda t: t.clone()) == (Outcome.CORRECT, [])
+
+
+def test_a_trivial_answer_that_matched_earlier_trials_is_named_for_itself():
+    """Issue 40: zeros that passed earlier trials only because those outputs sat below the tolerance are
+    `trivial_output` (what the candidate did), not `cached_output`; a real replay of an earlier output still is."""
+    from dice_kernels.harness.compare import explain_mismatch
+
+    g = torch.Generator().manual_seed(0)
+    tiny, real = [[1e-4 * torch.randn(64, generator=g)]], [torch.ones(64)]
+    assert explain_mismatch(tiny, real, [torch.zeros(64)], 1e-2, 1e-2, "trial 1")[0] is K.TRIVIAL_OUTPUT
+    earlier = [[torch.randn(64, generator=g)]]
+    assert explain_mismatch(earlier, real, [earlier[0][0].clone()], 1e-2, 1e-2, "trial 1")[0] is K.CACHED_OUTPUT

@@ -193,9 +193,17 @@ def _unwritten(expected: list[torch.Tensor], got: list[torch.Tensor], atol: floa
 def explain_mismatch(earlier: list[list[torch.Tensor]], expected: list[torch.Tensor], got: list[torch.Tensor],
                      atol: float, rtol: float, where: str) -> tuple[DeceptiveKind, str] | None:
     """Why a candidate that passed the calls with reference outputs `earlier` fails this one, when the failure is
-    the signature of a known hack: an earlier call's outputs returned again, or output elements never written."""
+    the signature of a known hack: an earlier call's outputs returned again, or output elements never written.
+    All zeros or one constant that passed earlier calls is named for itself: a trivial answer those calls'
+    outputs sat within the tolerance of (a degenerate task), not a replay."""
     for j, previous in enumerate(earlier):
         if outputs_match([previous], [got], atol, rtol) and not outputs_match([previous], [expected], atol, rtol):
+            trivial = TrivialAnswer()
+            trivial.add(got)
+            if trivial.zero or trivial.constant:
+                return DeceptiveKind.TRIVIAL_OUTPUT, (
+                    f"{where} returned {'all zeros' if trivial.zero else 'one constant'}, which passed the earlier "
+                    f"calls only because their outputs sit within the tolerance of it (a degenerate task)")
             return DeceptiveKind.CACHED_OUTPUT, f"{where} returned the outputs of trial {j} for new input content"
     unwritten = _unwritten(expected, got, atol, rtol)
     if unwritten:

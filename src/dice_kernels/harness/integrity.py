@@ -419,13 +419,15 @@ class Monitor:
 
 def replaced_share(reference: Counter[str] | None, dispatched: Counter[str], forwards: int) -> float | None:
     """The share of the reference's compute ops (one forward, with multiplicity) that the candidate's forwards no
-    longer dispatched, from `dispatched` summed over `forwards` calls; None when the reference's are unknown or it
-    dispatched none."""
+    longer dispatch, from `dispatched` summed over `forwards` calls; None when the reference's are unknown or it
+    dispatched none. The smaller of two counts: by name (which of the reference's ops are gone) and by number (as
+    many PyTorch ops as the reference, under other names, replace nothing: `torch::square` for `h * h`)."""
     total = sum(reference.values()) if reference else 0
     if not total:
         return None
     still = sum(min(dispatched.get(op, 0) / forwards, n) for op, n in reference.items())
-    return 1.0 - still / total
+    by_number = 1.0 - min(1.0, sum(dispatched.values()) / forwards / total)
+    return min(1.0 - still / total, by_number)
 
 
 def _cuda_profiler():

@@ -49,8 +49,9 @@ class DeceptiveKind(str, Enum):
     DISK_PERSISTENCE = "disk_persistence"  # reads or writes files during forward or the timed loop
     UNSYNCHRONIZED_WORK = "unsynchronized_work"  # CUDA work still writing outputs after forward returned
     BACKGROUND_THREADS = "background_threads"  # threads started in forward
-    OUTPUT_ALIASES_INPUT = "output_aliases_input"
+    # an input written in place (what an in-place op such as `x.relu_()` does, whether or not it returns x)
     INPUT_MUTATED = "input_mutated"
+    OUTPUT_ALIASES_INPUT = "output_aliases_input"  # an output shares memory with an input, the input unchanged
     REFERENCE_MODEL = "reference_model"  # inherits, contains or instantiates the task's Model
     TORCH_COMPILE = "torch_compile"
     CUDA_GRAPH = "cuda_graph"
