@@ -144,7 +144,7 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
                  "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
                  "model.head_dim=16", "model.vocab_size=800", "sft.steps=3", "sft.batch_rows=2", "rl.infill_steps=1",
                  "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "rl.export_every=1", "bench.max_new_tokens=16",
-                 'arms=["sft", "bicrl_dice"]']
+                 "arms=sft,bicrl_dice"]
     args = ["demo", "--out", str(out), "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)

@@ -87,7 +87,7 @@ class RLSection:
 @dataclass
 class BenchSection:
     samples: int = 1  # greedy generations per held-out task
-    max_new_tokens: int = 112  # the longest template solution is ~103 tokens
+    max_new_tokens: int = 0  # 0: the longest SFT response in tokens (demo/run.py's new_tokens)
 
 
 @dataclass

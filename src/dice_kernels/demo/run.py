@@ -93,14 +93,22 @@ def stage_init(cfg: DemoConfig, tokenizer_dir: Path) -> Path:
     return out
 
 
-def _longest(files: WorldFiles, tokenizer_dir: Path) -> int:
-    """The longest SFT sample in tokens, block-padded: the packing cutoff, so no sample is cut."""
+def _longest(files: WorldFiles, tokenizer_dir: Path, fields: tuple[str, ...] = ("prompt", "response")) -> int:
+    """The longest SFT sample (or part of one) in tokens, block-padded: the packing cutoff, so no sample is cut;
+    of the responses alone, the generation budget, so no template solution is cut."""
     from dice_kernels.data.records import read_jsonl
     from dice_kernels.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    longest = max(len(tok.encode(r["prompt"] + r["response"], add_special_tokens=False)) for r in read_jsonl(files.sft))
+    longest = max(len(tok.encode("".join(r[f] for f in fields), add_special_tokens=False))
+                  for r in read_jsonl(files.sft))
     return -(-(longest + 4) // 4) * 4
+
+
+def new_tokens(cfg: DemoConfig, files: WorldFiles) -> int:
+    """bench.max_new_tokens, or (0) the longest SFT response: op-by-op solutions are the longest (~175 tokens in
+    the CUDA world, ~145 in the C++ one, against ~115 for fused ones)."""
+    return cfg.bench.max_new_tokens or _longest(files, cfg.out / "tokenizer", ("response",))
 
 
 def stage_sft(cfg: DemoConfig, files: WorldFiles, init: Path, tokenizer_dir: Path) -> Path:
@@ -126,7 +134,7 @@ def stage_sft(cfg: DemoConfig, files: WorldFiles, init: Path, tokenizer_dir: Pat
     return run_sft(sft, resume=True)
 
 
-def stage_bench(cfg: DemoConfig, checkpoint: Path, tasks: Path, out: Path) -> dict:
+def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Path, out: Path) -> dict:
     """`dice bench` of one checkpoint on one task set: greedy, DICE's decoding, the harness with the robust check
     and timing."""
     from dice_kernels.bench.config import BenchConfig
@@ -139,7 +147,7 @@ def stage_bench(cfg: DemoConfig, checkpoint: Path, tasks: Path, out: Path) -> di
     b = cfg.bench
     bench = BenchConfig(out=out, checkpoint=checkpoint, tasks=tasks,
                         samples=b.samples, batch_size=64, dtype="float32",
-                        decoding=SamplingConfig(max_new_tokens=b.max_new_tokens, block_size=4, steps=4,
+                        decoding=SamplingConfig(max_new_tokens=new_tokens(cfg, files), block_size=4, steps=4,
                                                 strategy="static", temperature=0.0),
                         eval=EvalConfig(backend=cfg.backend, timing=TimingConfig(max_s=1.0)))
     return bench_run(bench, command=f"dice demo ({out.relative_to(cfg.out)})", progress=cfg.progress,
@@ -165,7 +173,7 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
         # mixed order: a handful of steps taken in level order would only ever see single operators
         tasks=RLTasksConfig(infill=str(files.rl_infill), e2e=str(files.rl_e2e), order="mixed", seed=cfg.world.seed),
         rl=loop,
-        rollout=RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=cfg.bench.max_new_tokens,
+        rollout=RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
                               temperature=r.temperature, batch_rows=r.tasks_per_step * r.group, seed=cfg.world.seed),
         update=UpdateConfig(micro_rows=r.group * 2),
         reward=RewardConfig(backend=cfg.backend, trials=r.trials, rule=spec.rule,
@@ -192,17 +200,17 @@ def _missing(module: str) -> str | None:
 def bench_arm(cfg: DemoConfig, timings: Timings, files: WorldFiles, arm: str, checkpoint: Path) -> None:
     """An arm's final checkpoint on the held-out and the novel tasks, then each of its earlier RL exports on the
     held-out tasks (the learning curve; the report adds the final one and SFT's as step 0)."""
-    timings.run(f"bench {arm}", stage_bench, cfg, checkpoint, files.heldout_tasks, cfg.out / "bench" / arm / "heldout")
+    bench = cfg.out / "bench" / arm
+    timings.run(f"bench {arm}", stage_bench, cfg, files, checkpoint, files.heldout_tasks, bench / "heldout")
     if cfg.world.n_novel:
-        timings.run(f"bench {arm} novel", stage_bench, cfg, checkpoint, files.novel_tasks,
-                    cfg.out / "bench" / arm / "novel")
+        timings.run(f"bench {arm} novel", stage_bench, cfg, files, checkpoint, files.novel_tasks, bench / "novel")
     spec, r = ARMS[arm], cfg.rl
     last = r.e2e_steps + (r.infill_steps if spec.phase == "schedule" else 0)
     for export in sorted((cfg.out / arm / "export").glob("step-*")):
         if int(export.name.split("-")[1]) >= last:  # the final checkpoint, benchmarked above
             continue
-        timings.run(f"bench {arm} {export.name}", stage_bench, cfg, export, files.heldout_tasks,
-                    cfg.out / "bench" / arm / f"heldout-{export.name}")
+        timings.run(f"bench {arm} {export.name}", stage_bench, cfg, files, export, files.heldout_tasks,
+                    bench / f"heldout-{export.name}")
 
 
 def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
@@ -221,7 +229,8 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     echo(f"SFT: {cfg.sft.steps} steps from a random init -> {cfg.out / 'sft'}")
     sft = timings.run("sft", stage_sft, cfg, files, init, tokenizer)
     if w.n_valid:
-        timings.run("bench sft valid", stage_bench, cfg, sft, files.valid_tasks, cfg.out / "bench" / "sft" / "valid")
+        timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks,
+                    cfg.out / "bench" / "sft" / "valid")
     why = _missing("dice_kernels.train.rl")
     report: dict = {}
     for arm in cfg.arms:  # each arm is benchmarked as soon as it is trained, so a stopped demo has its finished arms

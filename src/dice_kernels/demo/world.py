@@ -360,7 +360,7 @@ def slow_cuda_source(spec: Spec) -> str:
         launches.append("    return out;")
     else:
         launches.append("    return t;")
-    return "\n\n".join(kernels) + f"""
+    return f"// {_forward_def(spec)}\n" + "\n\n".join(kernels) + f"""
 
 {_signature(spec)} {{
     int64_t rows = x.size(0), cols = x.size(1);
@@ -377,7 +377,8 @@ def shortcut_source(spec: Spec) -> str:
     if spec.reduction:
         steps.append((_REDUCTIONS[spec.reduction].aten, None))
     for line, (call, c) in zip(forward_lines(spec), steps):
-        lines.append(f"    // {line}\n    {'' if lines else 'auto '}t = {call.format(h=h, c=_const(c) if c is not None else '')};")
+        declare = "" if lines else "auto "
+        lines.append(f"    // {line}\n    {declare}t = {call.format(h=h, c=_const(c) if c is not None else '')};")
         h = "t"
     return f"""// {_forward_def(spec)}
 {_signature(spec)} {{
