@@ -24,6 +24,7 @@ are the prompts. Nothing is skipped but the GPU: part 1 and part 2 run their rea
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import time
 from pathlib import Path
@@ -78,6 +79,12 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]
         result["update_flops"] = _update_flops(step, trajs, result["update_s"],
                                                args.peak_tflops if dist.device.type == "cuda" else None)
+        if args.rows_per_update:  # DICE's rule on the same trajectories: one optimizer step per N replayed rows
+            step.update = replace(step.update, rows_per_update=args.rows_per_update)
+            began = time.monotonic()
+            dice = step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
+            result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": time.monotonic() - began,
+                                     "optimizer_steps": len(dice["updates"]), "updates": dice["updates"]}
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(json.dumps(result), flush=True)
@@ -154,6 +161,9 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new", type=int, default=1024)
     p.add_argument("--micro-rows", type=int, default=4)
+    p.add_argument("--rows-per-update", type=int, default=0,
+                   help="also time DICE's update on the same trajectories: one optimizer step per N replayed rows "
+                        "(256 in the DICE configs), beside today's one step")
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2")
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
     p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
@@ -190,6 +200,11 @@ def main() -> None:
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")
     _print_update_flops(s.get("update_flops"))
+    if d := s.get("dice_update"):
+        last = d["updates"][-1] if d["updates"] else {}
+        print(f"DICE's update (one optimizer step per {d['rows_per_update']} rows): {d['optimizer_steps']} steps in "
+              f"{d['update_s']:.1f} s; last step's ratio RMS dev {last.get('ratio_rms_dev', 0):.2e}, clipped "
+              f"{last.get('clip_fraction', 0):.3f}, KL {last.get('kl', 0):.2e}")
     print(f"\n{'reward call':<14}{'candidates':>12}{'evaluations':>13}{'seconds':>10}{'cand/min':>10}{'eval/min':>10}")
     for c in results["reward_calls"]:
         print(f"{c['call']:<14}{c['candidates']:>12}{c['evaluations']:>13}{c['seconds']:>10.1f}"

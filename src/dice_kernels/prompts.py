@@ -1,6 +1,6 @@
 '''Every prompt template in one place, shared by data curation (SFT rows, RL task sets) and generation so that
 training and sampling see the same text: the Qwen3 chat wrapper, the end-to-end one-shot prompt (KernelBench's
-layout, our wording) and the infilling prompt (DESIGN.md §5). Pure string functions; imports nothing.
+layout, our wording) and the infilling prompt. Pure string functions; imports nothing.
 '''
 
 from __future__ import annotations

@@ -72,13 +72,15 @@ def test_sft_trainer(tmp_path):
 @pytest.mark.slow  # a tiny RL step and two reward calls on the examples (builds: the session cache's)
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
-                 cwd=tmp_path)
+                 "--rows-per-update", "1", cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]
     assert flops["total"] == flops["useful"] + flops["padding"] > 0 and 0 <= flops["pad_share"] < 1
     assert flops["tokens"] > 0 and flops["mfu"] is None and flops["tflops"] > 0
     assert "MFU n/a on a CPU" in out and "padding" in out
+    dice = step["dice_update"]  # one optimizer step per row: capped at one per response (4)
+    assert dice["optimizer_steps"] == 4 and len(dice["updates"]) == 4 and "DICE's update" in out
     calls = doc["reward_calls"]
     assert [c["candidates"] for c in calls] == [16, 16] and calls[0]["outcomes"] == calls[1]["outcomes"]
     assert calls[0]["outcomes"]["correct"] > 0

@@ -134,6 +134,7 @@ def test_two_ranks_update_like_one(tmp_path):
     for name, w in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], w, rtol=0, atol=1e-5)
     assert one["moved"] > 5e-5  # Adam moves weights by about lr (1e-4): the tolerance is well below that
-    assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=1e-5, abs=1e-7)
+    # the loss is a near-cancelling sum of +-advantage terms (~1e-3 here): the ranks' summation order moves it by ~1e-7
+    assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=1e-5, abs=1e-6)
     assert two["stats"]["grad_norm"] == pytest.approx(one["stats"]["grad_norm"], rel=1e-5)
     assert one["stats"]["grad_norm"] > 0

@@ -93,3 +93,17 @@ def test_rewards_binary_and_speed_aware():
     for bad in (dict(rule="naive"), dict(partial_credit=1.5)):
         with pytest.raises(ConfigError, match="reward.rule|reward.partial_credit"):
             RewardConfig(**bad)
+
+
+@pytest.mark.parametrize("name", ["dice", "dice-infill", "dice-e2e"])
+def test_shipped_dice_configs_use_dices_update_and_say_their_reward(name):
+    """Issue 41: DICE's update (one optimizer step per 256 replayed rows, a fresh AdamW each RL step), our robust
+    reward with partial replacement paid, and phase 1 handed to phase 2 in fp32."""
+    from dice_kernels.train import config as config_io
+    from dice_kernels.train.rl import RLConfig
+
+    cfg = config_io.load(RLConfig, config_io.config_path("rl", name))
+    assert (cfg.update.rows_per_update, cfg.update.reset_optimizer) == (256, True)
+    assert (cfg.reward.rule, cfg.reward.partial_credit) == ("robust", 1.0)
+    if name == "dice-infill":
+        assert cfg.checkpoint.export_dtype == "float32"

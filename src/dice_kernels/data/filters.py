@@ -15,7 +15,7 @@ STAGE = "filter"
 @dataclass(frozen=True)
 class FilterConfig:
     min_speedup: float = 2.0
-    # Reference runtimes below this floor are too noisy for a speedup to mean anything (DESIGN.md §3: repeats of
+    # Reference runtimes below this floor are too noisy for a speedup to mean anything (repeats of
     # 4-75 µs kernels varied by a median factor of 1.74). 0 disables the rule.
     min_ref_time_ms: float = 0.0
     # Let unverified pairs through (marked) so the later stages can run on a machine without a GPU.

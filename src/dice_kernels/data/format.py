@@ -1,7 +1,7 @@
 """Training formats: SFT (prompt, response) rows in the Qwen3 chat format, and the two RL task sets.
 
 SFT rows are written as JSONL and Parquet (both load with `datasets.load_dataset`). RL task sets are ordered
-easy -> hard (stable sort by level) and consumed by `schedule` 64 tasks per step, wrapping around (DESIGN.md §5).
+easy -> hard (stable sort by level) and consumed by `schedule` 64 tasks per step, wrapping around.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r'''The infilling cut of a `load_inline` program (DESIGN.md §5): prefix / core / suffix.
+r'''The infilling cut of a `load_inline` program: prefix / core / suffix.
 
 core = the whole top-level `source = """..."""` assignment whose variable `load_inline` receives as
 `cuda_sources` (else `cpp_sources`); prefix = everything before it; suffix = everything after it.

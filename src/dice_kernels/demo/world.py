@@ -110,7 +110,7 @@ class Spec:
 
     @property
     def level(self) -> int:
-        """1: a single operator; 2: a fusion of two or three; 3: four (DESIGN.md §5's easy -> hard order)."""
+        """1: a single operator; 2: a fusion of two or three; 3: four (the curriculum's easy -> hard order)."""
         steps = len(self.ops) + bool(self.reduction)
         return 1 if steps == 1 else 2 if steps <= 3 else 3
 

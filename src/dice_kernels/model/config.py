@@ -112,7 +112,7 @@ def tiny_config(tokenizer_size: int, mask_token_id: int | None) -> ModelConfig:
     return ModelConfig(vocab_size=vocab, mask_token_id=mask, dtype="float32", **TINY_SHAPE)
 
 
-# Published SDAR shapes (DESIGN.md §4), for benchmarks with random weights.
+# Published SDAR shapes, for benchmarks with random weights.
 SDAR_SHAPES = {
     "1.7B": _shape(2048, 6144, 28, 16, 8, tied=True),
     "4B": _shape(2560, 9728, 36, 32, 8, tied=False),

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md §5): each task's rewards z-scored over its group of rollouts with the
+"""Group-relative advantages: each task's rewards z-scored over its group of rollouts with the
 population std; a group whose rewards are all equal carries no signal and is dropped (and counted)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SFT objective of SDAR block diffusion (DESIGN.md §4): packed samples, a noisy copy beside the clean one with
+"""The SFT objective of SDAR block diffusion: packed samples, a noisy copy beside the clean one with
 shared positions, one t per sample, response-only masking, and loss = sum over masked tokens of CE / p, divided
 by the number of response tokens."""
 

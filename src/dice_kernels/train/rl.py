@@ -1,4 +1,4 @@
-"""`dice train rl`: BiC-RL (DESIGN.md §5). Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
+"""`dice train rl`: BiC-RL. Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
 sampler, trajectories kept) -> rewards from the long-lived harness service -> group z-scored advantages -> TraceRL
 update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds every knob, `RLStep` does one step,
 `run_rl` is the loop every rank runs (build, resume, step, log, save, export: the SFT trainer's infrastructure)."""
@@ -28,8 +28,8 @@ from dice_kernels.train.metrics import Metrics
 from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
 from dice_kernels.train.reward import RewardConfig, RewardService
 from dice_kernels.train.rollout import generate_rollouts
-from dice_kernels.train.tracerl import (ReplayBatch, Trajectory, policy_loss, replay_batch, replay_length,
-                                        row_of_scored, token_logprobs)
+from dice_kernels.train.tracerl import (ReplayBatch, Trajectory, denoising_rows, policy_loss, replay_batch,
+                                        replay_length, row_of_scored, token_logprobs)
 
 
 class RLError(ValueError):
@@ -102,12 +102,21 @@ class UpdateConfig:
     clip: float = 0.2  # PPO ratio clip
     kl_beta: float = 0.01  # k3 KL to the rollout (old) policy
     micro_rows: int = 8  # trajectories per scoring forward (gradient accumulation inside an optimizer step)
-    updates_per_step: int = 1  # optimizer steps per RL step: the step's trajectories split into this many parts
+    # optimizer steps per RL step, against log-probs frozen at the step's start (so the clip and KL act from the
+    # second on): the step's trained responses are split into this many parts ...
+    updates_per_step: int = 1
+    # ... or, when > 0, one optimizer step per this many replayed rows, a row being one response at one denoising
+    # step (DICE: 256 = batch 1 x 8 ranks x accumulation 32), at most one per trained response
+    rows_per_update: int = 0
+    # a fresh optimizer state (AdamW moments) at every RL step, as DICE's per-step process that reloads the
+    # weights has; False keeps the moments across steps
+    reset_optimizer: bool = False
 
     def __post_init__(self) -> None:
-        if self.micro_rows < 1 or self.updates_per_step < 1 or not 0 < self.clip < 1 or self.kl_beta < 0:
-            raise ConfigError("update.micro_rows and updates_per_step must be >= 1, update.clip in (0, 1), "
-                              "update.kl_beta >= 0")
+        if (self.micro_rows < 1 or self.updates_per_step < 1 or self.rows_per_update < 0 or not 0 < self.clip < 1
+                or self.kl_beta < 0):
+            raise ConfigError("update.micro_rows and updates_per_step must be >= 1, update.rows_per_update >= 0, "
+                              "update.clip in (0, 1), update.kl_beta >= 0")
 
 
 @dataclass
@@ -171,6 +180,9 @@ class RLStats:
     clip_fraction: float
     grad_norm: float
     seconds: dict[str, float] = field(default_factory=dict)  # rollout / reward / update
+    # per optimizer step of this RL step: the PPO ratio's spread, the clipped fraction and the mean k3 KL (before
+    # that step's update: 1, 0 and 0 for the first, as the old log-probs are this step's)
+    updates: list[dict] = field(default_factory=list)
 
     def line(self, step: int, total: int) -> str:
         s = self.seconds
@@ -218,6 +230,8 @@ class RLStep:
         # a task may come twice in one step (the curriculum wraps): groups are per position in the batch
         adv = group_advantages(rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
         t1 = time.monotonic()
+        if self.update.reset_optimizer:
+            self.optimizer.state.clear()  # moments and step counts start again, as in a fresh AdamW
         kept = [(first + i, r.trajectory, a) for i, (r, a, k) in enumerate(zip(rollouts, adv.values, adv.kept)) if k]
         upd = self.update_policy(kept, rollouts[0].trajectory)
         seconds["update"] = time.monotonic() - t1
@@ -244,23 +258,33 @@ class RLStep:
                                     rows=n if flex else 0))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
+    def updates_for(self, trajs: list[Trajectory]) -> int:
+        """Optimizer steps this RL step takes: `updates_per_step`, or one per `rows_per_update` replayed rows (a
+        response at one denoising step) over every rank, at most one per trained response."""
+        upd = self.update
+        if not upd.rows_per_update:
+            return upd.updates_per_step
+        rows, responses = _sum([sum(denoising_rows(t, self.rollout.block_size) for t in trajs), len(trajs)],
+                               self.dist)
+        return max(1, min(int(responses), -(-int(rows) // upd.rows_per_update)))
+
     def update_policy(self, kept: list[tuple[int, Trajectory, float]], any_traj: Trajectory) -> dict:
-        """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_per_step`
-        optimizer steps over this rank's (global rollout index, trajectory, advantage) rows; optimizer step k takes
-        the rows whose global index is k modulo updates_per_step, so the split does not depend on the ranks.
+        """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_for` optimizer
+        steps over this rank's (global rollout index, trajectory, advantage) rows; optimizer step k takes the rows
+        whose global index is k modulo that count, so the split does not depend on the ranks.
         Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer micro-batches runs one
         of `any_traj` with weight 0."""
         upd, block, device = self.update, self.rollout.block_size, self.dist.device
-        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        stats = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "updates": []}
         if _sum([len(kept)], self.dist)[0] == 0:  # every group flat on every rank: nothing to learn from this step
             return stats
         trajs = [t for _, t, _ in kept]
+        n_updates = self.updates_for(trajs)
         adv = torch.tensor([a for _, _, a in kept], dtype=torch.float32, device=device)
-        # DESIGN §5: each row's sum over its tokens divided by the padded response length (the step's longest
+        # each row's sum over its tokens divided by the padded response length (the step's longest
         # response, rounded up to whole blocks), so every row is weighed on one scale
         norm_len = _max([max((-(-len(t.tokens) // block) * block for t in trajs), default=0)], self.dist)[0]
-        parts = [[i for i, (gid, _, _) in enumerate(kept) if gid % upd.updates_per_step == k]
-                 for k in range(upd.updates_per_step)]
+        parts = [[i for i, (gid, _, _) in enumerate(kept) if gid % n_updates == k] for k in range(n_updates)]
         plans = [self._micro_batches([trajs[i] for i in part]) if part else [] for part in parts]
         counts = [int(c) for c in _max([len(p) for p in plans], self.dist)]
         part_rows = [int(r) for r in _sum([len(p) for p in parts], self.dist)]
@@ -272,12 +296,12 @@ class RLStep:
                     rows, batch = plan[j] if j < len(plan) else ([], dummy)
                     logp = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
                     old.update(zip((part[r] for r in rows), torch.split(logp, batch.scored.sum(1).tolist())))
-        losses, kl_sum, clipped, tokens, norms = [], 0.0, 0, 0, []
+        losses, kl_sum, clipped, tokens, norms, per_update = [], 0.0, 0, 0, [], []
         self.model.train()
         for part, plan, count, rows_in_step in zip(parts, plans, counts, part_rows):
             if count == 0:
                 continue
-            total = 0.0
+            total, ratios, kl_here, clipped_here = 0.0, [], 0.0, 0
             for j in range(count):
                 self.model.set_requires_gradient_sync(j == count - 1)  # reduce-scatter once per optimizer step
                 if j >= len(plan):  # this rank has no more rows: a forward and backward that change nothing
@@ -290,9 +314,12 @@ class RLStep:
                                     row_of_scored(batch).to(device), norm_len, rows_in_step, upd.clip, upd.kl_beta)
                 (terms.loss * self.dist.world_size).backward()  # FSDP means the ranks' gradients
                 total += terms.loss.item()
-                kl_sum += terms.kl.sum().item()
-                clipped += int(terms.clipped.sum())
-                tokens += terms.kl.numel()
+                kl_here += terms.kl.sum().item()
+                clipped_here += int(terms.clipped.sum())
+                ratios.append(terms.ratio)
+            per_update.append(_update_record(ratios, kl_here, clipped_here, self.dist))
+            kl_sum, clipped = kl_sum + kl_here, clipped + clipped_here
+            tokens += sum(r.numel() for r in ratios)
             norms.append(clip_grad_norm(self.model, self.grad_clip))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -301,7 +328,18 @@ class RLStep:
             losses.append(_sum([total], self.dist)[0])
         kl_sum, clipped, tokens = _sum([kl_sum, clipped, tokens], self.dist)
         return {"loss": sum(losses) / len(losses), "kl": kl_sum / max(1, tokens),
-                "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms)}
+                "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms), "updates": per_update}
+
+
+def _update_record(ratios: list[torch.Tensor], kl: float, clipped: int, dist: Dist) -> dict:
+    """One optimizer step's PPO ratio spread, clipped fraction and mean k3 KL over every rank's scored tokens."""
+    r = torch.cat(ratios).float() if ratios else torch.ones(0)
+    n, lo, hi = r.numel(), (float(r.min()) if r.numel() else 1.0), (float(r.max()) if r.numel() else 1.0)
+    n, sq, kl, clipped, total = _sum([n, float(((r - 1) ** 2).sum()), kl, clipped, float(r.sum())], dist)
+    neg_lo, hi = _max([-lo, hi], dist)
+    lo = -neg_lo
+    return {"tokens": int(n), "ratio_mean": total / max(1, n), "ratio_rms_dev": (sq / max(1, n)) ** 0.5,
+            "ratio_min": lo, "ratio_max": hi, "clip_fraction": clipped / max(1, n), "kl": kl / max(1, n)}
 
 
 def _sum(values: list[float], dist: Dist) -> list[float]:
@@ -394,7 +432,10 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     tokenizer = load_tokenizer_for(cfg.model)
     model = build_model(cfg.model, cfg.parallel, dist, tokenizer)
     optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, total * cfg.update.updates_per_step, cfg.optim)
+    # with rows_per_update the count per step varies: at most one optimizer step per rollout
+    per_step = (cfg.rollout.tasks_per_step * cfg.rollout.group if cfg.update.rows_per_update
+                else cfg.update.updates_per_step)
+    scheduler = build_scheduler(optimizer, total * per_step, cfg.optim)
     start = 0
     if resume and previous is not None:
         state = load_state(previous, model, optimizer, dist)
@@ -418,6 +459,7 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
         backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
                          attention_backend(cfg.parallel, dist.device), backend, dist, policy, scheduler)
+        updates = 0
         with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
                      console=console) as metrics:
             for step in range(start, total):
@@ -431,9 +473,16 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                               tokens_per_s=stats.tokens_generated / max(stats.seconds["rollout"], 1e-9))
                 metrics.log(done, values)
                 metrics.note(stats.line(done, total))
+                updates += len(stats.updates)
                 saves.after_step(done, total)
             final = saves.finish(total, trained=start < total or previous is None)
-            metrics.note(f"trained {total - start} step(s); rewards per rollout: {out / 'rewards.sqlite'}"
+            if updates or start == total:
+                ran = f"trained {total - start} step(s), {updates} optimizer update(s)"
+            else:  # nothing moved: say so, and why, rather than "trained"
+                ran = (f"0 updates in {total - start} step(s): weights unchanged. Every task's rollouts got one "
+                       "reward (flat groups carry no advantage); see the outcomes per step above (needs_gpu: "
+                       "CUDA tasks on the CPU backend, which none of the rollouts can pass)")
+            metrics.note(f"{ran}; rewards per rollout: {out / 'rewards.sqlite'}"
                          + (f"; Hugging Face export: {final}" if cfg.checkpoint.at_end else ""))
     finally:
         if rewards is not None:

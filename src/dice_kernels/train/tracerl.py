@@ -1,4 +1,4 @@
-"""TraceRL's objective (DESIGN.md §5): replay each response's sampling trajectory. A token unmasked at denoising
+"""TraceRL's objective: replay each response's sampling trajectory. A token unmasked at denoising
 step s of its block is scored with the model seeing the state before step s (earlier blocks clean, its block with
 the tokens of steps >= s masked); every block and step of a batch of responses is scored in one forward."""
 
@@ -82,6 +82,12 @@ def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[in
             noisy += [1] * block
             copy += [s + 1] * block
     return ids, pos, noisy, copy, targets
+
+
+def denoising_rows(traj: Trajectory, block_size: int) -> int:
+    """DICE's rows of a response: one per (block, denoising step) that unmasked a generated token, i.e. the states
+    its replay scores (DICE's trainer feeds each as its own row; ours scores them all in one sequence)."""
+    return len({(j // block_size, s) for j, s in enumerate(traj.steps)})
 
 
 def replay_length(traj: Trajectory, block_size: int) -> int:
