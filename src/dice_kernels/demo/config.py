@@ -78,6 +78,10 @@ class RLSection:
     lr: float = 1e-4
     temperature: float = 0.7  # below DICE's 1.0: a small model's samples at 1.0 rarely compile, so groups are flat
     trials: int = 2  # correctness trials of the robust reward (DICE's reward: one)
+    # DICE's update rule (docs/rl.md): one optimizer step per this many replayed rows (0: one step per RL step),
+    # and a fresh AdamW state at every RL step
+    rows_per_update: int = 256
+    reset_optimizer: bool = True
     speed_bonus: float = 0.5  # reward.speed_bonus of the e2e_speed arm
     # export every this many RL steps and benchmark each export on the held-out tasks: the learning curve
     # (0: the final checkpoint only)
