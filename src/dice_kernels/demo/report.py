@@ -99,8 +99,9 @@ def scale_limits(cfg: DemoConfig) -> list[str]:
     """What this run's scale cannot show (stated in the report, not left for the reader to guess)."""
     limits = []
     if cfg.backend == "cpu":
-        limits.append("fast_1 compares a C++ loop with eager PyTorch on small CPU tensors: the fused and op-by-op "
-                      "solutions differ little there, so the speed signal (and the e2e_speed arm) needs the gpu scale")
+        limits.append("fast_1 here compares C++ loops with eager PyTorch on small CPU tensors (one thread each): "
+                      "how far op-by-op C++ trails the fused loop there is not measured, so the speed signal (the "
+                      "e2e_speed arm) belongs to the gpu scale, where op-by-op means one kernel launch per op")
     if cfg.world.n_heldout < 100:
         limits.append(f"{cfg.world.n_heldout} held-out tasks: a 95 % interval of Exec is about +-"
                       f"{100 * 1.96 * (0.25 / max(cfg.world.n_heldout, 1)) ** 0.5:.0f} points at 50 %, so only "
