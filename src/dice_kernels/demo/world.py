@@ -35,7 +35,9 @@ class Op:
     spellings: tuple[str, ...]
     cpp: str
     cuda: str = ""  # empty: same as cpp
-    aten: str = ""  # the shortcut: the op as a libtorch call on tensor `{h}` (no kernel of the candidate's own)
+    # the shortcut: the op as the libtorch call on tensor `{h}` (no kernel of the candidate's own), one for every
+    # spelling or one per spelling where they dispatch to different ops (`h * h`: aten::mul; torch.square: pow)
+    aten: tuple[str, ...] = ()
     arg: str = ""  # extra input it reads: y (same shape as x), b (one value per column), s (one value per row)
     consts: tuple[float, ...] = ()
 
@@ -53,22 +55,22 @@ class Reduction:
 
 OPS = (
     Op("relu", ("torch.relu({h})", "{h}.relu()"), "v = std::max(v, 0.0f);", "v = fmaxf(v, 0.0f);",
-       aten="torch::relu({h})"),
+       aten=("torch::relu({h})",)),
     Op("sigmoid", ("torch.sigmoid({h})", "{h}.sigmoid()"), "v = 1.0f / (1.0f + std::exp(-v));",
-       "v = 1.0f / (1.0f + expf(-v));", aten="torch::sigmoid({h})"),
-    Op("tanh", ("torch.tanh({h})", "{h}.tanh()"), "v = std::tanh(v);", "v = tanhf(v);", aten="torch::tanh({h})"),
-    Op("abs", ("torch.abs({h})", "{h}.abs()"), "v = std::fabs(v);", "v = fabsf(v);", aten="torch::abs({h})"),
-    Op("square", ("{h} * {h}", "torch.square({h})"), "v = v * v;", aten="torch::square({h})"),
-    Op("scale", ("{h} * {c}", "{c} * {h}"), "v = v * {c}f;", consts=(0.25, 0.5, 1.5, 2.0, 3.0), aten="{h} * {c}"),
-    Op("shift", ("{h} + {c}", "{c} + {h}"), "v = v + {c}f;", consts=(0.1, 0.5, 1.0, 2.0), aten="{h} + {c}"),
+       "v = 1.0f / (1.0f + expf(-v));", aten=("torch::sigmoid({h})",)),
+    Op("tanh", ("torch.tanh({h})", "{h}.tanh()"), "v = std::tanh(v);", "v = tanhf(v);", aten=("torch::tanh({h})",)),
+    Op("abs", ("torch.abs({h})", "{h}.abs()"), "v = std::fabs(v);", "v = fabsf(v);", aten=("torch::abs({h})",)),
+    Op("square", ("{h} * {h}", "torch.square({h})"), "v = v * v;", aten=("{h} * {h}", "torch::square({h})")),
+    Op("scale", ("{h} * {c}", "{c} * {h}"), "v = v * {c}f;", consts=(0.25, 0.5, 1.5, 2.0, 3.0), aten=("{h} * {c}",)),
+    Op("shift", ("{h} + {c}", "{c} + {h}"), "v = v + {c}f;", consts=(0.1, 0.5, 1.0, 2.0), aten=("{h} + {c}",)),
     Op("clamp", ("torch.clamp({h}, -{c}, {c})", "{h}.clamp(-{c}, {c})"), "v = std::min(std::max(v, -{c}f), {c}f);",
-       "v = fminf(fmaxf(v, -{c}f), {c}f);", consts=(0.5, 1.0, 2.0), aten="torch::clamp({h}, -{c}, {c})"),
-    Op("add_y", ("{h} + y", "torch.add({h}, y)"), "v = v + py[i];", arg="y", aten="torch::add({h}, y)"),
-    Op("mul_y", ("{h} * y", "torch.mul({h}, y)"), "v = v * py[i];", arg="y", aten="torch::mul({h}, y)"),
+       "v = fminf(fmaxf(v, -{c}f), {c}f);", consts=(0.5, 1.0, 2.0), aten=("torch::clamp({h}, -{c}, {c})",)),
+    Op("add_y", ("{h} + y", "torch.add({h}, y)"), "v = v + py[i];", arg="y", aten=("torch::add({h}, y)",)),
+    Op("mul_y", ("{h} * y", "torch.mul({h}, y)"), "v = v * py[i];", arg="y", aten=("torch::mul({h}, y)",)),
     Op("max_y", ("torch.maximum({h}, y)", "torch.max({h}, y)"), "v = std::max(v, py[i]);", "v = fmaxf(v, py[i]);",
-       arg="y", aten="torch::maximum({h}, y)"),
-    Op("add_b", ("{h} + b", "torch.add({h}, b)"), "v = v + pb[c];", arg="b", aten="torch::add({h}, b)"),
-    Op("mul_s", ("{h} * s", "torch.mul({h}, s)"), "v = v * ps[r];", arg="s", aten="torch::mul({h}, s)"),
+       arg="y", aten=("torch::maximum({h}, y)", "torch::max({h}, y)")),
+    Op("add_b", ("{h} + b", "torch.add({h}, b)"), "v = v + pb[c];", arg="b", aten=("torch::add({h}, b)",)),
+    Op("mul_s", ("{h} * s", "torch.mul({h}, s)"), "v = v * ps[r];", arg="s", aten=("torch::mul({h}, s)",)),
 )
 REDUCTIONS = (
     Reduction("sum", ("torch.sum({h}, dim=1)", "{h}.sum(dim=1)"), "0.0f", "acc = acc + v;", "acc = acc + v;",
@@ -373,7 +375,8 @@ def shortcut_source(spec: Spec) -> str:
     """The shortcut: the extension calls libtorch's ops (at:: through `torch::`) instead of computing, so its outputs
     match the reference's on any input; a reward that only compares outputs pays it, the robust check must not."""
     h, lines = "x", []
-    steps = [(_OPS[n].aten, c) for n, c in zip(spec.ops, spec.consts)]
+    steps = [(_OPS[n].aten[k if len(_OPS[n].aten) > 1 else 0], c)
+             for n, k, c in zip(spec.ops, spec.spellings, spec.consts)]
     if spec.reduction:
         steps.append((_REDUCTIONS[spec.reduction].aten, None))
     for line, (call, c) in zip(forward_lines(spec), steps):
