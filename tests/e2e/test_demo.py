@@ -156,7 +156,8 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
         for measure in ("exec", "deceptive", "passed_outputs"):
             assert 0.0 <= held[measure]["lo"] <= held[measure]["value"] <= held[measure]["hi"] <= 1.0
     rl = report["arms"]["bicrl_dice"]
-    assert [p["step"] for p in rl["train_reward"]] == [1, 2]  # rewards.sqlite: one interval per RL step
+    # rewards.sqlite: one interval per RL step, the rollouts of the policy after that many steps (0: SFT's)
+    assert [p["step"] for p in rl["train_reward"]] == [0, 1]
     assert [p["step"] for p in rl["heldout_curve"]] == [0, 1, 2]  # SFT, the step-1 export, the final checkpoint
     [cmp] = [c for c in report["comparisons"] if c["a"].startswith("bicrl_dice (exec")]
     assert cmp["n"] == 2 and cmp["diff"]["lo"] <= cmp["diff"]["value"] <= cmp["diff"]["hi"]

@@ -45,8 +45,9 @@ def bench_scores(run: Path) -> dict[str, Scores] | None:
 
 
 def train_rewards(run_dir: Path, group: int) -> list[tuple[int, Scores]]:
-    """(step, {group: rewards of its rollouts}) per RL step, from the run's rewards.sqlite; a step's rollouts come
-    in groups of `group` consecutive rollouts of one task."""
+    """(step, {group: rewards of its rollouts}) per RL step, from the run's rewards.sqlite (step s: the rollouts of
+    the policy after s updates, 0 = the SFT checkpoint's, the held-out curve's x); a step's rollouts come in groups
+    of `group` consecutive rollouts of one task."""
     path = run_dir / "rewards.sqlite"
     if not path.is_file():
         return []
@@ -177,7 +178,8 @@ def plot_curves(rows: dict[str, dict], path: Path) -> bool:
                 line, = ax.plot(xs, [iv["value"] for iv in ivs], marker="o", label=row["title"])
                 ax.fill_between(xs, [iv["lo"] for iv in ivs], [iv["hi"] for iv in ivs], color=line.get_color(),
                                 alpha=0.15)
-    left.set(title="train reward per RL step (95 % band, clustered by task)", xlabel="RL step", ylim=(-0.05, 1.05))
+    left.set(title="train reward (95 % band, clustered by task group)", xlabel="RL steps before the rollouts",
+             ylim=(-0.05, 1.05))
     right.set(title="held-out Exec per RL export (step 0: SFT)", xlabel="RL step", ylim=(-0.05, 1.05))
     for ax in (left, right):
         if ax.get_legend_handles_labels()[0]:
