@@ -1,6 +1,6 @@
-"""The demo's task world, tokenizer and driver (`dice demo`): determinism, the family split, template solutions
-checked by the real harness (CPU backend: C++ extensions), the tokenizer's round trip and chat format, and a reduced
-demo end to end."""
+"""The demo's task world, tokenizer and driver (`dice demo`): determinism, the splits, the shortcut and slow shares,
+template solutions (fused, op by op, the libtorch shortcut) checked by the real harness (CPU backend: C++
+extensions), the tokenizer's round trip and chat format, and a reduced demo end to end."""
 
 from __future__ import annotations
 
@@ -8,36 +8,59 @@ import json
 
 import pytest
 
-from dice_kernels.demo.world import HELDOUT, OPS, TRAIN, Spec, build_world, cpu_program, reference_program, \
-    write_world
+from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, SHORTCUT, SLOW, TRAIN, VALID, Spec, WorldSizes, \
+    build_world, cpu_program, reference_program, solutions, write_world
+
+
+def _world(seed: int, n_train: int, n_heldout: int, **kw):
+    return build_world(seed, WorldSizes(n_train=n_train, n_heldout=n_heldout, **kw))
 
 
 def test_world_is_deterministic_in_its_seed(tmp_path):
-    a, b = build_world(3, 60, 12), build_world(3, 60, 12)
+    a, b = _world(3, 60, 12, n_novel=4, shortcut_fraction=0.1), _world(3, 60, 12, n_novel=4, shortcut_fraction=0.1)
     assert a == b
-    assert build_world(4, 60, 12) != a
+    assert _world(4, 60, 12, n_novel=4, shortcut_fraction=0.1) != a
     write_world(a, tmp_path / "a", "cpu")
     write_world(b, tmp_path / "b", "cpu")
     for name in ("pairs.jsonl", "sft.jsonl", "rl_infill.jsonl", "rl_e2e.jsonl", "heldout_tasks.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
-def test_heldout_families_are_new_compositions_of_trained_steps(tmp_path):
-    tasks = build_world(0, 300, 30)
-    train = {t.family for t in tasks if t.split == TRAIN}
-    held = {t.family for t in tasks if t.split == HELDOUT}
-    assert len(held) > 1 and not train & held
+def test_splits_are_disjoint_programs_and_novel_families_are_never_trained(tmp_path):
+    tasks = _world(0, 300, 40, n_valid=20, n_novel=20)
+    by = {split: [t for t in tasks if t.split == split] for split in (TRAIN, VALID, HELDOUT, NOVEL)}
+    assert [len(by[s]) for s in (TRAIN, VALID, HELDOUT, NOVEL)] == [300, 20, 40, 20]
+    assert len({t.reference for t in tasks}) == len(tasks)  # no program in two splits, none twice
+    train = {t.family for t in by[TRAIN]}
+    # held-out and validation: new instances of trained families; novel: families never trained, made of trained
+    # steps (a composition, never a single op)
+    assert {t.family for t in by[HELDOUT] + by[VALID]} <= train
+    novel = {t.family for t in by[NOVEL]}
+    assert len(novel) > 1 and not novel & train
     trained_steps = {step for f in train for step in f.split(">")}
-    for family in held:
-        assert ">" in family  # a composition, never a single op
-        assert set(family.split(">")) <= trained_steps
-    assert len({t.reference for t in tasks}) == len(tasks)  # no copies
+    assert all(">" in f and set(f.split(">")) <= trained_steps for f in novel)
     files = write_world(tasks, tmp_path, "cpu")
     sft = [json.loads(line) for line in files.sft.read_text().splitlines()]
-    heldout_ids = {t.id for t in tasks if t.split == HELDOUT}
-    assert sft and not {r["pair_id"] for r in sft} & heldout_ids
+    assert {r["pair_id"] for r in sft} == {t.id for t in by[TRAIN]}  # SFT sees train tasks only
     assert {r["kind"] for r in sft} == {"e2e", "infill"}
     assert all("C++" in r["prompt"] for r in sft)  # the CPU world asks for C++, as rollouts and bench do
+    for split, path in ((VALID, files.valid_tasks), (HELDOUT, files.heldout_tasks), (NOVEL, files.novel_tasks)):
+        assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == [t.id for t in by[split]]
+
+
+def test_shortcut_and_slow_solutions_are_a_seeded_share_of_train_tasks_only(tmp_path):
+    tasks = _world(1, 400, 20, n_novel=10, shortcut_fraction=0.1, slow_fraction=0.3)
+    train = [t for t in tasks if t.split == TRAIN]
+    share = {v: sum(t.variant == v for t in train) / len(train) for v in (FAST, SLOW, SHORTCUT)}
+    assert 0.06 < share[SHORTCUT] < 0.14 and 0.24 < share[SLOW] < 0.36
+    assert all(t.variant == FAST for t in tasks if t.split != TRAIN)  # benchmarks compare against fused solutions
+    shortcut = next(t for t in train if t.variant == SHORTCUT)
+    assert "torch::" in shortcut.cpu.split("source = ")[1] and "for (" not in shortcut.cpu
+    files = write_world(tasks, tmp_path, "cpu")
+    infill = {json.loads(line)["id"] for line in files.rl_infill.read_text().splitlines()}
+    assert infill == {t.id for t in train if t.variant != SHORTCUT}  # infilling skeletons: real kernels only
+    with pytest.raises(ValueError, match="fractions"):
+        WorldSizes(n_train=1, n_heldout=1, shortcut_fraction=0.8, slow_fraction=0.3)
 
 
 def _covering_specs() -> list[Spec]:
@@ -56,7 +79,7 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
 
     specs = _covering_specs()
     # a generated task with the summing reductions' path (mean: the sum's statements and a division)
-    world_tasks = [next(t for t in build_world(1, 40, 8) if t.family.endswith(">mean"))]
+    world_tasks = [next(t for t in _world(1, 40, 8) if t.family.endswith(">mean"))]
     pairs = [(task_from_code(reference_program(s), id=f"cover{i}"), candidate_from_text(cpu_program(s), id=f"ok{i}"))
              for i, s in enumerate(specs)]
     pairs += [(task_from_code(t.reference, id=t.id), candidate_from_text(t.cpu, id=t.id)) for t in world_tasks]
@@ -64,12 +87,19 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
     spec = specs[0]
     last = cpu_program(spec).rsplit("v = ", 1)
     broken = last[0] + "// " + "v = " + last[1]
+    # op by op (one pass per op, both the reduction and the element-wise path): correct; the libtorch shortcut:
+    # outputs match, but the robust check calls it deceptive
+    pairs += [(pairs[i][0], candidate_from_text(solutions(s, SLOW)[0], id=f"slow{i}")) for i, s in enumerate(specs)]
+    correct = len(pairs)
     pairs.append((pairs[0][0], candidate_from_text(broken, id="broken")))
+    pairs.append((pairs[0][0], candidate_from_text(solutions(spec, SHORTCUT)[0], id="shortcut")))
     # the session's build cache: its precompiled header is built once for every test that compiles C++
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
     results = evaluate(pairs, config, progress=False)
-    assert [r.outcome for r in results[:-1]] == [Outcome.CORRECT] * (len(pairs) - 1), [r.error for r in results]
-    assert results[-1].outcome is Outcome.VALUE_MISMATCH
+    assert [r.outcome for r in results[:correct]] == [Outcome.CORRECT] * correct, [r.error for r in results]
+    assert results[correct].outcome is Outcome.VALUE_MISMATCH
+    shortcut = results[correct + 1]
+    assert shortcut.outcome is Outcome.DECEPTIVE and shortcut.robust.passed_comparison, shortcut.error
 
 
 def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):
@@ -77,7 +107,7 @@ def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):
     from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
     from dice_kernels.prompts import SYSTEM_PROMPT, chat_prompt as data_chat_prompt
 
-    files = write_world(build_world(0, 40, 4), tmp_path / "world", "cpu")
+    files = write_world(_world(0, 40, 4), tmp_path / "world", "cpu")
     rows = [json.loads(line) for line in files.sft.read_text().splitlines()]
     train_tokenizer([r["prompt"] + r["response"] for r in rows], tmp_path / "tok", vocab_size=1024)
     tok = load_tokenizer(tmp_path / "tok")
@@ -113,17 +143,26 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     overrides = ["world.n_train=40", "world.n_heldout=2", "model.hidden_size=32", "model.intermediate_size=64",
                  "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
                  "model.head_dim=16", "model.vocab_size=800", "sft.steps=3", "sft.batch_rows=2", "rl.infill_steps=1",
-                 "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "bench.max_new_tokens=16"]
+                 "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "rl.export_every=1", "bench.max_new_tokens=16",
+                 "arms=sft,bicrl_dice"]
     args = ["demo", "--out", str(out), "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     report = json.loads((out / "report.json").read_text())
-    assert set(report["arms"]) == {"sft", "sft_e2e_rl", "sft_bicrl"}
+    assert list(report["arms"]) == ["sft", "bicrl_dice"]
     for arm, row in report["arms"].items():
-        assert row["status"] == "ran", (arm, row)
-        assert row["n"] == 2 and 0.0 <= row["exec"] <= 1.0 and 0.0 <= row["deceptive_rate"] <= 1.0
-    assert (out / "report.md").is_file() and (out / "curves.png").stat().st_size > 0
-    phases = [json.loads(line).get("phase") for line in (out / "sft_bicrl" / "metrics.jsonl").read_text().splitlines()]
+        held = row["heldout"]
+        assert held["n"] == 2, (arm, row)
+        for measure in ("exec", "deceptive", "passed_outputs"):
+            assert 0.0 <= held[measure]["lo"] <= held[measure]["value"] <= held[measure]["hi"] <= 1.0
+    rl = report["arms"]["bicrl_dice"]
+    # rewards.sqlite: one interval per RL step, the rollouts of the policy after that many steps (0: SFT's)
+    assert [p["step"] for p in rl["train_reward"]] == [0, 1]
+    assert [p["step"] for p in rl["heldout_curve"]] == [0, 1, 2]  # SFT, the step-1 export, the final checkpoint
+    [cmp] = [c for c in report["comparisons"] if c["a"].startswith("bicrl_dice (exec")]
+    assert cmp["n"] == 2 and cmp["diff"]["lo"] <= cmp["diff"]["value"] <= cmp["diff"]["hi"]
+    assert "A − B" in (out / "report.md").read_text() and (out / "curves.png").stat().st_size > 0
+    phases = [json.loads(line).get("phase") for line in (out / "bicrl_dice" / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["infill", "e2e"]
     # a second run resumes: every stage's outputs exist, nothing is trained again
     mtime = (out / "sft" / "final" / "config.json").stat().st_mtime

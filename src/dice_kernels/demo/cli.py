@@ -12,17 +12,19 @@ console = Console(stderr=True)
 
 
 def demo(
-    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model and C++ kernels, ~26 minutes on 2 idle "
-                              "cores; gpu: a larger model, more steps and CUDA kernels on one GPU."),
+    scale: str = typer.Option("cpu", "--scale", help="cpu: a small model, C++ kernels, SFT + one RL arm, ~20 "
+                              "minutes on 2 idle cores; gpu: a larger model, CUDA kernels, five arms on one GPU."),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder; running again with the same folder "
                              "resumes (each finished stage is skipped)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a setting, e.g. --set sft.steps=100 "
-                                             "--set world.n_heldout=8 (sections: world, model, sft, rl, bench)."),
+                                             "--set world.n_heldout=8 --set arms=sft,e2e_dice (sections: world, model, "
+                                             "sft, rl, bench; arms: demo/config.py's ARMS)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars (else log lines)."),
 ) -> None:
-    """The whole recipe at small scale: build a verified synthetic task world, train a tokenizer, SFT a small
-    block-diffusion model from scratch, run end-to-end RL and BiC-RL (infilling, then end-to-end) from it, and
-    benchmark all three on held-out program families. Writes OUT/report.md, report.json and curves.png.
+    """The whole recipe at small scale, as an experiment: build a verified synthetic task world, train a tokenizer,
+    SFT a small block-diffusion model from scratch, run the RL arms from it (end-to-end RL or BiC-RL, DICE's reward
+    or ours), benchmark each with the robust check on held-out instances of trained families, and report Exec with
+    95 % intervals and paired differences between arms. Writes OUT/report.md, report.json and curves.png.
 
     \b
     dice demo                      # CPU scale

@@ -1,6 +1,6 @@
-"""`DemoConfig`: every knob of one `dice demo` run in one typed place, with a preset per scale (cpu: ~26 minutes
-of two idle cores, docs/demo.md; gpu: one GPU in under half an hour). The CLI picks a preset and applies `--set`
-overrides."""
+"""`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
+per scale (cpu: ~20 minutes of two idle cores; gpu: one H200 in ~25 minutes of stages; docs/demo.md). The CLI picks
+a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -11,12 +11,38 @@ from pathlib import Path
 SCALES = ("cpu", "gpu")
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One arm of the experiment: SFT alone, or an RL run from the SFT checkpoint with one reward."""
+
+    title: str
+    phase: str = ""  # "": SFT only; "e2e": end-to-end RL; "schedule": BiC-RL (infilling, then end-to-end)
+    rule: str = "robust"  # reward.rule: robust (our harness) or dice (compile + one trial at 1e-2, no robust check)
+    speed: bool = False  # reward.speed_bonus = rl.speed_bonus
+
+
+ARMS = {
+    "sft": Arm("SFT only"),
+    "e2e_dice": Arm("SFT + e2e RL, DICE's reward", "e2e", "dice"),
+    "e2e_robust": Arm("SFT + e2e RL, robust reward", "e2e"),
+    "bicrl_robust": Arm("SFT + BiC-RL, robust reward", "schedule"),
+    "bicrl_dice": Arm("SFT + BiC-RL, DICE's reward", "schedule", "dice"),
+    "e2e_speed": Arm("SFT + e2e RL, robust + speed reward", "e2e", speed=True),
+}
+
+
 @dataclass
 class WorldSection:
     seed: int = 0
     n_train: int = 1500  # training tasks (SFT pairs and RL task sets)
-    n_heldout: int = 24  # benchmark tasks: families never seen in training
-    heldout_fraction: float = 0.2  # share of multi-step families held out
+    n_heldout: int = 24  # primary benchmark: new instances (shapes, constants, spellings) of trained families
+    n_valid: int = 0  # validation: other new instances of trained families, where settings are chosen
+    n_novel: int = 0  # generalisation benchmark: families never trained (0: not benchmarked)
+    novel_fraction: float = 0.2  # share of multi-step families never trained
+    # share of train tasks whose SFT solution is the libtorch shortcut (the extension calls torch:: ops): what a
+    # reward without the robust check pays
+    shortcut_fraction: float = 0.05
+    slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
 
 
 @dataclass
@@ -45,18 +71,27 @@ class SFTSection:
 @dataclass
 class RLSection:
     infill_steps: int = 3  # BiC-RL phase 1
-    e2e_steps: int = 3  # phase 2 (and the whole of the SFT + e2e RL arm)
+    e2e_steps: int = 3  # phase 2 (and the whole of the e2e RL arms)
     tasks_per_step: int = 4
     group: int = 4  # rollouts per task
     # a from-scratch model far from DICE's pretrained one: a few steps at DICE's 1e-6 would not move it
     lr: float = 1e-4
     temperature: float = 0.7  # below DICE's 1.0: a small model's samples at 1.0 rarely compile, so groups are flat
+    trials: int = 2  # correctness trials of the robust reward (DICE's reward: one)
+    # DICE's update rule (docs/rl.md): one optimizer step per this many replayed rows (0: one step per RL step),
+    # and a fresh AdamW state at every RL step
+    rows_per_update: int = 256
+    reset_optimizer: bool = True
+    speed_bonus: float = 0.5  # reward.speed_bonus of the e2e_speed arm
+    # export every this many RL steps and benchmark each export on the held-out tasks: the learning curve
+    # (0: the final checkpoint only)
+    export_every: int = 0
 
 
 @dataclass
 class BenchSection:
     samples: int = 1  # greedy generations per held-out task
-    max_new_tokens: int = 112  # the longest template solution is ~103 tokens
+    max_new_tokens: int = 0  # 0: the longest SFT response in tokens (demo/run.py's new_tokens)
 
 
 @dataclass
@@ -70,30 +105,40 @@ class DemoConfig:
     sft: SFTSection = field(default_factory=SFTSection)
     rl: RLSection = field(default_factory=RLSection)
     bench: BenchSection = field(default_factory=BenchSection)
+    # which arms run, in order (demo/run.py's ARMS): sft; e2e_dice / e2e_robust (SFT + e2e RL with DICE's reward /
+    # ours); bicrl_robust / bicrl_dice (SFT + infilling + e2e RL); e2e_speed (ours with rl.speed_bonus)
+    arms: tuple[str, ...] = ("sft", "e2e_robust", "e2e_dice")
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         if self.scale not in SCALES:
             raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or not self.arms or self.arms[0] != "sft":
+            raise ValueError(f"arms must start with sft and name only {', '.join(ARMS)}; got {list(self.arms)}")
 
 
 def preset(scale: str, out: Path) -> DemoConfig:
-    """The settings of one scale; the gpu preset trains a larger model longer and evaluates CUDA kernels."""
+    """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
+    train reward per RL step as the learning curve, ~20 min of 2 cores. gpu: all five arms on 128 held-out tasks
+    with CUDA kernels, a held-out learning curve, sized from the H200 records to ~25 min of stages."""
     cfg = DemoConfig(out=out, scale=scale)
-    if scale == "gpu":
-        cfg = dataclasses.replace(
-            cfg, backend="cuda",
-            world=WorldSection(n_train=4000, n_heldout=32),
-            model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
-                             num_key_value_heads=2, head_dim=64),
-            # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
-            # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
-            sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
-            # every distinct rollout is a CUDA build (~20 s of nvcc): 16 rollouts are one round on 16 cores. lr 2e-4
-            # is where SFT's cosine ends, so a few RL steps move the model as much as the last SFT steps did
-            rl=RLSection(infill_steps=2, e2e_steps=3, tasks_per_step=4, group=4, lr=2e-4),
-        )
-    return cfg
+    if scale == "cpu":
+        # every C++ candidate is ~19 s of a core: two arms and four RL steps are what 20 minutes of 2 cores hold
+        return dataclasses.replace(cfg, arms=("sft", "e2e_robust"), rl=RLSection(infill_steps=0, e2e_steps=4))
+    return dataclasses.replace(
+        cfg, backend="cuda",
+        world=WorldSection(n_train=4000, n_heldout=128),
+        model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
+                         num_key_value_heads=2, head_dim=64),
+        # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
+        # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
+        sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
+        # every distinct rollout is a CUDA build (~27 s of a core): 16 rollouts are one round on 16 cores. lr 2e-4 is
+        # where SFT's cosine ends, so a few RL steps move the model as much as the last SFT steps did
+        rl=RLSection(infill_steps=2, e2e_steps=4, tasks_per_step=4, group=4, lr=2e-4, export_every=2),
+        arms=("sft", "e2e_dice", "e2e_robust", "bicrl_robust", "bicrl_dice"),
+    )
 
 
 def load_config(scale: str, out: Path, overrides: list[str], progress: bool = True) -> DemoConfig:

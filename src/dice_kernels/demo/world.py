@@ -19,7 +19,10 @@ from dice_kernels.data.format import rl_e2e_tasks, rl_infill_tasks, sft_rows, wr
 from dice_kernels.data.infill import split_program
 from dice_kernels.data.records import PairRecord, write_jsonl, write_records
 
-TRAIN, HELDOUT = "train", "heldout"
+TRAIN, VALID, HELDOUT, NOVEL = "train", "valid", "heldout", "novel"
+SPLITS = (TRAIN, VALID, HELDOUT, NOVEL)
+FAST, SLOW, SHORTCUT = "fast", "slow", "shortcut"  # solution variants of a train task's SFT pair
+VARIANTS = (FAST, SLOW, SHORTCUT)
 BACKENDS = ("cpu", "cuda")
 
 
@@ -32,6 +35,9 @@ class Op:
     spellings: tuple[str, ...]
     cpp: str
     cuda: str = ""  # empty: same as cpp
+    # the shortcut: the op as the libtorch call on tensor `{h}` (no kernel of the candidate's own), one for every
+    # spelling or one per spelling where they dispatch to different ops (`h * h`: aten::mul; torch.square: pow)
+    aten: tuple[str, ...] = ()
     arg: str = ""  # extra input it reads: y (same shape as x), b (one value per column), s (one value per row)
     consts: tuple[float, ...] = ()
 
@@ -44,33 +50,35 @@ class Reduction:
     update: str  # CPU statement folding `v` into `acc`
     cuda_update: str
     store: str  # the row's result
+    aten: str  # the shortcut's libtorch call
 
 
 OPS = (
-    Op("relu", ("torch.relu({h})", "{h}.relu()"), "v = std::max(v, 0.0f);", "v = fmaxf(v, 0.0f);"),
+    Op("relu", ("torch.relu({h})", "{h}.relu()"), "v = std::max(v, 0.0f);", "v = fmaxf(v, 0.0f);",
+       aten=("torch::relu({h})",)),
     Op("sigmoid", ("torch.sigmoid({h})", "{h}.sigmoid()"), "v = 1.0f / (1.0f + std::exp(-v));",
-       "v = 1.0f / (1.0f + expf(-v));"),
-    Op("tanh", ("torch.tanh({h})", "{h}.tanh()"), "v = std::tanh(v);", "v = tanhf(v);"),
-    Op("abs", ("torch.abs({h})", "{h}.abs()"), "v = std::fabs(v);", "v = fabsf(v);"),
-    Op("square", ("{h} * {h}", "torch.square({h})"), "v = v * v;"),
-    Op("scale", ("{h} * {c}", "{c} * {h}"), "v = v * {c}f;", consts=(0.25, 0.5, 1.5, 2.0, 3.0)),
-    Op("shift", ("{h} + {c}", "{c} + {h}"), "v = v + {c}f;", consts=(0.1, 0.5, 1.0, 2.0)),
+       "v = 1.0f / (1.0f + expf(-v));", aten=("torch::sigmoid({h})",)),
+    Op("tanh", ("torch.tanh({h})", "{h}.tanh()"), "v = std::tanh(v);", "v = tanhf(v);", aten=("torch::tanh({h})",)),
+    Op("abs", ("torch.abs({h})", "{h}.abs()"), "v = std::fabs(v);", "v = fabsf(v);", aten=("torch::abs({h})",)),
+    Op("square", ("{h} * {h}", "torch.square({h})"), "v = v * v;", aten=("{h} * {h}", "torch::square({h})")),
+    Op("scale", ("{h} * {c}", "{c} * {h}"), "v = v * {c}f;", consts=(0.25, 0.5, 1.5, 2.0, 3.0), aten=("{h} * {c}",)),
+    Op("shift", ("{h} + {c}", "{c} + {h}"), "v = v + {c}f;", consts=(0.1, 0.5, 1.0, 2.0), aten=("{h} + {c}",)),
     Op("clamp", ("torch.clamp({h}, -{c}, {c})", "{h}.clamp(-{c}, {c})"), "v = std::min(std::max(v, -{c}f), {c}f);",
-       "v = fminf(fmaxf(v, -{c}f), {c}f);", consts=(0.5, 1.0, 2.0)),
-    Op("add_y", ("{h} + y", "torch.add({h}, y)"), "v = v + py[i];", arg="y"),
-    Op("mul_y", ("{h} * y", "torch.mul({h}, y)"), "v = v * py[i];", arg="y"),
+       "v = fminf(fmaxf(v, -{c}f), {c}f);", consts=(0.5, 1.0, 2.0), aten=("torch::clamp({h}, -{c}, {c})",)),
+    Op("add_y", ("{h} + y", "torch.add({h}, y)"), "v = v + py[i];", arg="y", aten=("torch::add({h}, y)",)),
+    Op("mul_y", ("{h} * y", "torch.mul({h}, y)"), "v = v * py[i];", arg="y", aten=("torch::mul({h}, y)",)),
     Op("max_y", ("torch.maximum({h}, y)", "torch.max({h}, y)"), "v = std::max(v, py[i]);", "v = fmaxf(v, py[i]);",
-       arg="y"),
-    Op("add_b", ("{h} + b", "torch.add({h}, b)"), "v = v + pb[c];", arg="b"),
-    Op("mul_s", ("{h} * s", "torch.mul({h}, s)"), "v = v * ps[r];", arg="s"),
+       arg="y", aten=("torch::maximum({h}, y)", "torch::max({h}, y)")),
+    Op("add_b", ("{h} + b", "torch.add({h}, b)"), "v = v + pb[c];", arg="b", aten=("torch::add({h}, b)",)),
+    Op("mul_s", ("{h} * s", "torch.mul({h}, s)"), "v = v * ps[r];", arg="s", aten=("torch::mul({h}, s)",)),
 )
 REDUCTIONS = (
     Reduction("sum", ("torch.sum({h}, dim=1)", "{h}.sum(dim=1)"), "0.0f", "acc = acc + v;", "acc = acc + v;",
-              "po[r] = acc;"),
+              "po[r] = acc;", "torch::sum({h}, 1)"),
     Reduction("amax", ("torch.amax({h}, dim=1)", "{h}.amax(dim=1)"), "-INFINITY", "acc = std::max(acc, v);",
-              "acc = fmaxf(acc, v);", "po[r] = acc;"),
+              "acc = fmaxf(acc, v);", "po[r] = acc;", "torch::amax({h}, 1)"),
     Reduction("mean", ("torch.mean({h}, dim=1)", "{h}.mean(dim=1)"), "0.0f", "acc = acc + v;", "acc = acc + v;",
-              "po[r] = acc / cols;"),
+              "po[r] = acc / cols;", "torch::mean({h}, 1)"),
 )
 _OPS = {op.name: op for op in OPS}
 _REDUCTIONS = {r.name: r for r in REDUCTIONS}
@@ -114,12 +122,13 @@ class WorldTask:
     id: str
     name: str
     problem_id: int
-    split: str  # train | heldout
+    split: str  # train | valid | heldout | novel
     family: str
     level: int
     reference: str  # the KernelBench-format PyTorch program
     cpu: str  # ModelNew with a C++ extension (cpp_sources only): what the CPU backend runs
     cuda: str  # ModelNew with a CUDA kernel
+    variant: str = FAST  # which solution cpu / cuda hold (train tasks only carry slow or shortcut ones)
 
     def solution(self, backend: str) -> str:
         return self.cpu if backend == "cpu" else self.cuda
@@ -267,6 +276,118 @@ __global__ void fused_kernel({params}, float* po, int64_t rows, int64_t cols) {{
 }}"""
 
 
+def _pass_lines(spec: Spec) -> list[tuple[str, str]]:
+    """(forward line, statement or fold) per step of the chain, for the one-pass-per-op solutions."""
+    texts = [op.cpp.format(c=_const(c) if c is not None else "")
+             for op, c in zip((_OPS[n] for n in spec.ops), spec.consts)]
+    return list(zip(forward_lines(spec), texts))
+
+
+def slow_cpu_source(spec: Spec) -> str:
+    """Correct but op by op: one pass over the whole tensor per op (each reads and writes the buffer `t`), then a
+    pass per row for the reduction; the slow, unfused way the world's SFT data also contains."""
+    pointers = "\n".join(f"    const float* p{a} = {a}.data_ptr<float>();" for a in spec.args)
+    passes = []
+    for k, (line, text) in enumerate(_pass_lines(spec)[:len(spec.ops)]):
+        src = "px" if k == 0 else "pt"
+        passes.append(f"""    // {line}
+    for (int64_t i = 0; i < rows * cols; ++i) {{
+        int64_t r = i / cols, c = i % cols;
+        float v = {src}[i];
+        {text}
+        pt[i] = v;
+    }}""")
+    src = "pt" if spec.ops else "px"
+    red = _REDUCTIONS.get(spec.reduction)
+    if red:
+        passes.append(f"""    // {forward_lines(spec)[-1]}
+    auto out = torch::empty({{rows}}, x.options());
+    float* po = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {{
+        float acc = {red.init};
+        for (int64_t c = 0; c < cols; ++c) {{
+            float v = {src}[r * cols + c];
+            {red.update}
+        }}
+        {red.store}
+    }}
+    return out;""")
+    else:
+        passes.append("    return t;")
+    return f"""// {_forward_def(spec)}
+{_signature(spec)} {{
+    int64_t rows = x.size(0), cols = x.size(1);
+    auto t = torch::empty({{rows, cols}}, x.options());
+{pointers}
+    float* pt = t.data_ptr<float>();
+""" + "\n".join(passes) + "\n}"
+
+
+def slow_cuda_source(spec: Spec) -> str:
+    """Correct but op by op: one kernel launch per op over the buffer `t`, then a row kernel for the reduction."""
+    params = ", ".join(f"const float* p{a}" for a in spec.args)
+    kernels, launches = [], []
+    args = ", ".join(f"{a}.data_ptr<float>()" for a in spec.args)
+    for k, (line, text) in enumerate(_pass_lines(spec)[:len(spec.ops)]):
+        op = _OPS[spec.ops[k]]
+        stmt = (op.cuda or op.cpp).format(c=_const(spec.consts[k]) if spec.consts[k] is not None else "")
+        src = "px" if k == 0 else "pin"
+        kernels.append(f"""__global__ void step{k}_kernel(const float* pin, {params}, float* pt, int64_t rows, int64_t cols) {{
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    int64_t r = i / cols, c = i % cols;
+    float v = {src}[i];
+    // {line}
+    {stmt}
+    pt[i] = v;
+}}""")
+        launches.append(f"    step{k}_kernel<<<(rows * cols + 255) / 256, 256>>>(pt, {args}, pt, rows, cols);")
+    red = _REDUCTIONS.get(spec.reduction)
+    if red:
+        src = "pt" if spec.ops else "px"
+        kernels.append(f"""__global__ void reduce_kernel(const float* pt, const float* px, float* po, int64_t rows, int64_t cols) {{
+    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float acc = {red.init};
+    for (int64_t c = 0; c < cols; ++c) {{
+        float v = {src}[r * cols + c];
+        // {forward_lines(spec)[-1]}
+        {red.cuda_update}
+    }}
+    {red.store}
+}}""")
+        launches.append("    auto out = torch::empty({rows}, x.options());")
+        launches.append("    reduce_kernel<<<(rows + 255) / 256, 256>>>(t.data_ptr<float>(), x.data_ptr<float>(), "
+                        "out.data_ptr<float>(), rows, cols);")
+        launches.append("    return out;")
+    else:
+        launches.append("    return t;")
+    return f"// {_forward_def(spec)}\n" + "\n\n".join(kernels) + f"""
+
+{_signature(spec)} {{
+    int64_t rows = x.size(0), cols = x.size(1);
+    auto t = torch::empty({{rows, cols}}, x.options());
+    float* pt = t.data_ptr<float>();
+""" + "\n".join(launches) + "\n}"
+
+
+def shortcut_source(spec: Spec) -> str:
+    """The shortcut: the extension calls libtorch's ops (at:: through `torch::`) instead of computing, so its outputs
+    match the reference's on any input; a reward that only compares outputs pays it, the robust check must not."""
+    h, lines = "x", []
+    steps = [(_OPS[n].aten[k if len(_OPS[n].aten) > 1 else 0], c)
+             for n, k, c in zip(spec.ops, spec.spellings, spec.consts)]
+    if spec.reduction:
+        steps.append((_REDUCTIONS[spec.reduction].aten, None))
+    for line, (call, c) in zip(forward_lines(spec), steps):
+        declare = "" if lines else "auto "
+        lines.append(f"    // {line}\n    {declare}t = {call.format(h=h, c=_const(c) if c is not None else '')};")
+        h = "t"
+    return f"""// {_forward_def(spec)}
+{_signature(spec)} {{
+""" + "\n".join(lines) + "\n    return t;\n}"
+
+
 _IMPORTS = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
 
 
@@ -281,26 +402,59 @@ def _model_new(spec: Spec) -> str:
 '''
 
 
-def cpu_program(spec: Spec) -> str:
-    return (f'{_IMPORTS}\nsource = """\n{cpu_source(spec)}\n"""\n\n'
+def cpu_program(spec: Spec, source: str | None = None) -> str:
+    """A C++ extension program (`cpp_sources` only): the fused template unless another `source` is given."""
+    return (f'{_IMPORTS}\nsource = """\n{cpu_source(spec) if source is None else source}\n"""\n\n'
             'ext = load_inline(name="fused", cpp_sources=source, functions=["fused"], extra_cflags=["-O3"])\n\n\n'
             f"{_model_new(spec)}")
 
 
-def cuda_program(spec: Spec) -> str:
-    return (f'{_IMPORTS}\nsource = """\n{cuda_source(spec)}\n"""\n\n'
+def cuda_program(spec: Spec, source: str | None = None) -> str:
+    """A CUDA extension program: the fused one-kernel template unless another `source` is given."""
+    return (f'{_IMPORTS}\nsource = """\n{cuda_source(spec) if source is None else source}\n"""\n\n'
             f'cpp_src = "{_signature(spec)};"\n\n'
             'ext = load_inline(name="fused", cpp_sources=cpp_src, cuda_sources=source, functions=["fused"])\n\n\n'
             f"{_model_new(spec)}")
 
 
-def family_split(family: str, seed: int, heldout_fraction: float) -> str:
-    """Held-out families are chosen by a seeded hash of the family; a single op is always trained on, so every
-    held-out family is a new composition of known steps."""
+def solutions(spec: Spec, variant: str) -> tuple[str, str]:
+    """(C++ program, CUDA program) of one solution variant: fast (fused), slow (a pass or a launch per op) or
+    shortcut (libtorch calls, the same C++ on both backends: its tensors live wherever the inputs do)."""
+    if variant == FAST:
+        return cpu_program(spec), cuda_program(spec)
+    if variant == SLOW:
+        return cpu_program(spec, slow_cpu_source(spec)), cuda_program(spec, slow_cuda_source(spec))
+    if variant == SHORTCUT:
+        program = cpu_program(spec, shortcut_source(spec))
+        return program, program
+    raise ValueError(f"solution variant must be one of {VARIANTS}, not {variant!r}")
+
+
+def _unit(seed: int, key: str) -> float:
+    """A seeded hash of `key` in [0, 1)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "big") / 2**64
+
+
+def family_split(family: str, seed: int, novel_fraction: float) -> str:
+    """NOVEL (never trained: the generalisation column) or TRAIN (its instances are split further), by a seeded
+    hash of the family; a single op is always trained on, so every novel family is a new composition of known
+    steps."""
     if ">" not in family:
         return TRAIN
-    h = int.from_bytes(hashlib.sha256(f"{seed}:{family}".encode()).digest()[:8], "big")
-    return HELDOUT if h / 2**64 < heldout_fraction else TRAIN
+    return NOVEL if _unit(seed, family) < novel_fraction else TRAIN
+
+
+def instance_split(code: str, seed: int, shares: tuple[float, float]) -> str:
+    """An instance of a trained family goes to HELDOUT, VALID or TRAIN by a seeded hash of its program, with
+    probabilities (heldout, valid) and the rest."""
+    u = _unit(seed + 1, code)
+    return HELDOUT if u < shares[0] else VALID if u < shares[0] + shares[1] else TRAIN
+
+
+def train_variant(code: str, seed: int, shortcut_fraction: float, slow_fraction: float) -> str:
+    """Which solution a train task's SFT pair carries, by a seeded hash of its program."""
+    u = _unit(seed + 2, code)
+    return SHORTCUT if u < shortcut_fraction else SLOW if u < shortcut_fraction + slow_fraction else FAST
 
 
 def random_spec(rng: random.Random) -> Spec:
@@ -314,30 +468,63 @@ def random_spec(rng: random.Random) -> Spec:
     return Spec(ops, reduction, consts, spellings, rng.choice(("x", "h")), rng.choice(ROWS), rng.choice(COLS))
 
 
-def build_world(seed: int, n_train: int, n_heldout: int, heldout_fraction: float = 0.2) -> list[WorldTask]:
-    """`n_train` + `n_heldout` distinct tasks, deterministic in `seed`; train first, then held-out, each by id."""
+@dataclass(frozen=True)
+class WorldSizes:
+    """How many tasks each split gets, and the shares that decide splits and solution variants."""
+
+    n_train: int
+    n_heldout: int  # new instances of trained families: the primary benchmark
+    n_valid: int = 0  # other new instances of trained families: settings are chosen here
+    n_novel: int = 0  # families never trained: the generalisation column
+    novel_fraction: float = 0.2  # share of multi-step families never trained
+    shortcut_fraction: float = 0.0  # share of train tasks whose SFT solution is the libtorch shortcut
+    slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
+
+    def __post_init__(self) -> None:
+        if min(self.n_train, self.n_heldout, self.n_valid, self.n_novel) < 0:
+            raise ValueError("world sizes must be >= 0")
+        if not (0 <= self.novel_fraction < 1 and 0 <= self.shortcut_fraction
+                and 0 <= self.slow_fraction and self.shortcut_fraction + self.slow_fraction <= 1):
+            raise ValueError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
+
+
+def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
+    """Distinct tasks for every split, deterministic in `seed`, ordered train, valid, heldout, novel, each by id.
+    Held-out and validation tasks are new programs (shapes, constants, spellings, variable) of trained families."""
     rng = random.Random(seed)
-    want = {TRAIN: n_train, HELDOUT: n_heldout}
-    found: dict[str, list[Spec]] = {TRAIN: [], HELDOUT: []}
+    want = {TRAIN: sizes.n_train, VALID: sizes.n_valid, HELDOUT: sizes.n_heldout, NOVEL: sizes.n_novel}
+    trained = sizes.n_train + sizes.n_valid + sizes.n_heldout
+    shares = (sizes.n_heldout / trained, sizes.n_valid / trained) if trained else (0.0, 0.0)
+    found: dict[str, list[Spec]] = {split: [] for split in want}
     seen: set[str] = set()
-    for _ in range(200 * (n_train + n_heldout) + 1000):
+    trained: set[str] = set()  # families with a train instance so far
+    for _ in range(200 * sum(want.values()) + 1000):
         if all(len(found[s]) >= want[s] for s in want):
             break
         spec = random_spec(rng)
-        split = family_split(spec.family, seed, heldout_fraction)
         code = reference_program(spec)
+        split = family_split(spec.family, seed, sizes.novel_fraction)
+        if split == TRAIN:
+            split = instance_split(code, seed, shares)
+            if split != TRAIN and spec.family not in trained:  # held-out instances are of families trained on
+                continue
         if len(found[split]) < want[split] and code not in seen:
+            if split == TRAIN:
+                trained.add(spec.family)
             seen.add(code)
             found[split].append(spec)
     else:
-        raise ValueError(f"could not draw {n_train} train and {n_heldout} held-out distinct tasks from seed {seed}")
+        raise ValueError(f"could not draw {want} distinct tasks from seed {seed}")
     tasks = []
-    for split in (TRAIN, HELDOUT):
+    for split in SPLITS:
         for k, spec in enumerate(found[split], 1):
-            name = f"{k}_{spec.family.replace('>', '_')}"
-            tasks.append(WorldTask(id=f"demo-{split}/{k}", name=name, problem_id=k, split=split, family=spec.family,
-                                   level=spec.level, reference=reference_program(spec), cpu=cpu_program(spec),
-                                   cuda=cuda_program(spec)))
+            code = reference_program(spec)
+            variant = (train_variant(code, seed, sizes.shortcut_fraction, sizes.slow_fraction) if split == TRAIN
+                       else FAST)
+            cpu, cuda = solutions(spec, variant)
+            tasks.append(WorldTask(id=f"demo-{split}/{k}", name=f"{k}_{spec.family.replace('>', '_')}",
+                                   problem_id=k, split=split, family=spec.family, level=spec.level, reference=code,
+                                   cpu=cpu, cuda=cuda, variant=variant))
     return tasks
 
 
@@ -345,17 +532,20 @@ def build_world(seed: int, n_train: int, n_heldout: int, heldout_fraction: float
 class WorldFiles:
     """The world on disk, in the formats `dice data` writes (data/format.py) and the task loader reads."""
 
-    pairs: Path  # PairRecord JSONL, every task (train and held-out) with its template solution
+    pairs: Path  # PairRecord JSONL, every task with its solution (a train task's may be slow or the shortcut)
     sft: Path  # SFT rows (e2e + infill) of the train tasks
-    rl_infill: Path  # phase 1 task set (train tasks)
+    rl_infill: Path  # phase 1 task set: train tasks whose solution is a kernel (not the shortcut) around the core
     rl_e2e: Path  # phase 2 task set (train tasks)
     train_tasks: Path  # Task JSONL
-    heldout_tasks: Path  # Task JSONL: what the benchmark runs
+    valid_tasks: Path  # Task JSONL: new instances of trained families, for choosing settings
+    heldout_tasks: Path  # Task JSONL: new instances of trained families, the primary benchmark
+    novel_tasks: Path  # Task JSONL: families never trained, the generalisation benchmark
 
 
 def records(tasks: list[WorldTask], backend: str) -> list[PairRecord]:
     return [PairRecord(id=t.id, source="demo", reference=t.reference, kernel=t.solution(backend), level=t.level,
-                       provenance={"family": t.family, "split": t.split, "backend": backend}) for t in tasks]
+                       provenance={"family": t.family, "split": t.split, "backend": backend, "variant": t.variant})
+            for t in tasks]
 
 
 def task_rows(tasks: list[WorldTask]) -> list[dict]:
@@ -369,14 +559,17 @@ def write_world(tasks: list[WorldTask], out_dir: Path, backend: str) -> WorldFil
     out_dir.mkdir(parents=True, exist_ok=True)
     recs = records(tasks, backend)
     train = [r for r, t in zip(recs, tasks) if t.split == TRAIN]
+    kernels = {t.id for t in tasks if t.split == TRAIN and t.variant != SHORTCUT}
     splits = {r.id: split_program(r.kernel) for r in train}
     files = WorldFiles(pairs=out_dir / "pairs.jsonl", sft=out_dir / "sft.jsonl", rl_infill=out_dir / "rl_infill.jsonl",
                        rl_e2e=out_dir / "rl_e2e.jsonl", train_tasks=out_dir / "train_tasks.jsonl",
-                       heldout_tasks=out_dir / "heldout_tasks.jsonl")
+                       valid_tasks=out_dir / "valid_tasks.jsonl", heldout_tasks=out_dir / "heldout_tasks.jsonl",
+                       novel_tasks=out_dir / "novel_tasks.jsonl")
     write_records(files.pairs, recs)
     write_sft(sft_rows(train, splits, backend=backend), out_dir)
-    write_table(rl_infill_tasks(train, splits, backend=backend), out_dir, "rl_infill")
+    write_table(rl_infill_tasks([r for r in train if r.id in kernels], splits, backend=backend), out_dir, "rl_infill")
     write_table(rl_e2e_tasks(train, backend=backend), out_dir, "rl_e2e")
-    write_jsonl(files.train_tasks, task_rows([t for t in tasks if t.split == TRAIN]))
-    write_jsonl(files.heldout_tasks, task_rows([t for t in tasks if t.split == HELDOUT]))
+    for split, path in ((TRAIN, files.train_tasks), (VALID, files.valid_tasks), (HELDOUT, files.heldout_tasks),
+                        (NOVEL, files.novel_tasks)):
+        write_jsonl(path, task_rows([t for t in tasks if t.split == split]))
     return files

@@ -1,0 +1,190 @@
+"""The demo's report: per-arm rates with 95 % intervals, paired differences between arms over the same tasks, the
+share of deceptive outputs under each reward, the learning curves (held-out Exec per RL export, train reward per
+RL step, both with intervals) and what the run's scale cannot show. Reads what the stages wrote (bench runs'
+results.jsonl, RL runs' rewards.sqlite); writes <out>/report.json, report.md and curves.png."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from pathlib import Path
+
+from dice_kernels.demo.config import ARMS, DemoConfig
+from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
+
+# per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, and what a check without
+# the robust step would have passed (outputs matched: DICE's correctness)
+MEASURES = ("exec", "fast_1", "deceptive", "passed_outputs")
+# the comparisons the report states, (a, b, measure): each RL arm against SFT, then the questions of the design
+COMPARISONS = (("bicrl_robust", "e2e_robust", "exec"), ("e2e_robust", "e2e_dice", "exec"),
+               ("bicrl_robust", "bicrl_dice", "exec"), ("e2e_dice", "sft", "deceptive"),
+               ("bicrl_dice", "sft", "deceptive"), ("e2e_robust", "sft", "deceptive"),
+               ("e2e_speed", "e2e_robust", "fast_1"))
+
+
+def bench_scores(run: Path) -> dict[str, Scores] | None:
+    """{measure: {task id: [0/1 per sample]}} of one bench run (None when it has not finished)."""
+    from dice_kernels.harness.metrics import compute, passed_comparison
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+    path = run / "results.jsonl"
+    if not (run / "summary.json").is_file() or not path.is_file():
+        return None
+    out: dict[str, Scores] = {m: {} for m in MEASURES}
+    for line in path.read_text().splitlines():
+        r = EvalResult.from_row(json.loads(line))
+        if r.outcome is Outcome.NEEDS_GPU:  # set aside, as the bench metrics do
+            continue
+        m = compute([r])
+        values = {"exec": m.exec_rate, "fast_1": m.fast["fast_1"],
+                  "deceptive": float(r.outcome is Outcome.DECEPTIVE), "passed_outputs": float(passed_comparison(r))}
+        for k, v in values.items():
+            out[k].setdefault(r.task_id, []).append(v)
+    return out
+
+
+def train_rewards(run_dir: Path, group: int) -> list[tuple[int, Scores]]:
+    """(step, {group: rewards of its rollouts}) per RL step, from the run's rewards.sqlite (step s: the rollouts of
+    the policy after s updates, 0 = the SFT checkpoint's, the held-out curve's x); a step's rollouts come in groups
+    of `group` consecutive rollouts of one task."""
+    path = run_dir / "rewards.sqlite"
+    if not path.is_file():
+        return []
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT step, rollout, task_id, reward FROM rewards ORDER BY step, rollout").fetchall()
+    steps: dict[int, Scores] = {}
+    for step, rollout, task, reward in rows:
+        # a task drawn twice in one step is two groups: keyed by position so the groups stay separate clusters
+        steps.setdefault(step, {}).setdefault(f"{task}#{rollout // group}", []).append(float(reward))
+    return sorted(steps.items())
+
+
+def _iv(iv: Interval | None) -> dict | None:
+    return None if iv is None else dataclasses.asdict(iv)
+
+
+def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
+    bench = cfg.out / "bench" / arm
+    row: dict = {"title": ARMS[arm].title}
+    for split in ("heldout", "novel"):
+        scores = bench_scores(bench / split)
+        if scores is not None:
+            row[split] = {"n": len(scores["exec"]), **{m: _iv(rate_interval(s)) for m, s in scores.items() if s}}
+    curve = [(0, bench_scores(bench.parent / "sft" / "heldout"))] if arm != "sft" else []
+    for run in sorted(bench.glob("heldout-step-*")):
+        curve.append((int(run.name.rsplit("-", 1)[1]), bench_scores(run)))
+    if ARMS[arm].phase:  # the final checkpoint closes the curve
+        r = cfg.rl
+        curve.append((r.e2e_steps + (r.infill_steps if ARMS[arm].phase == "schedule" else 0),
+                      bench_scores(bench / "heldout")))
+    row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
+    row["train_reward"] = [{"step": s, "reward": _iv(rate_interval(sc, seed=s))}
+                           for s, sc in train_rewards(cfg.out / arm, cfg.rl.group)]
+    return row
+
+
+def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
+    """Paired differences on the held-out tasks: each RL arm's Exec against SFT, then COMPARISONS' questions."""
+    pairs = [(a, "sft", "exec") for a in arms if a != "sft"] + [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
+    out = []
+    for a, b, measure in pairs:
+        sa, sb = (bench_scores(cfg.out / "bench" / x / "heldout") for x in (a, b))
+        if sa and sb:
+            cmp = paired_difference(sa[measure], sb[measure], (a, b), seed=cfg.world.seed)
+            out.append(dataclasses.replace(cmp, a=f"{a} ({measure})", b=f"{b} ({measure})"))
+    return out
+
+
+def scale_limits(cfg: DemoConfig) -> list[str]:
+    """What this run's scale cannot show (stated in the report, not left for the reader to guess)."""
+    limits = []
+    if cfg.backend == "cpu":
+        limits.append("fast_1 here compares C++ loops with eager PyTorch on small CPU tensors (one thread each): "
+                      "how far op-by-op C++ trails the fused loop there is not measured, so the speed signal (the "
+                      "e2e_speed arm) belongs to the gpu scale, where op-by-op means one kernel launch per op")
+    if cfg.world.n_heldout < 100:
+        limits.append(f"{cfg.world.n_heldout} held-out tasks: a 95 % interval of Exec is about +-"
+                      f"{100 * 1.96 * (0.25 / max(cfg.world.n_heldout, 1)) ** 0.5:.0f} points at 50 %, so only "
+                      "large differences between arms can exclude 0")
+    missing = [a for a in ARMS if a not in cfg.arms]
+    if missing:
+        limits.append(f"arms not run at this scale: {', '.join(missing)}")
+    if not cfg.rl.export_every:
+        limits.append("no held-out learning curve (rl.export_every = 0): only the train reward per RL step")
+    if not cfg.world.n_novel:
+        limits.append("no never-trained families benchmarked (world.n_novel = 0)")
+    return limits
+
+
+def _pct(iv: dict | None) -> str:
+    return "–" if not iv else f"{100 * iv['value']:.1f} [{100 * iv['lo']:.1f}, {100 * iv['hi']:.1f}]"
+
+
+def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
+    arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
+    rows = {a: _arm_summary(cfg, a) for a in arms}
+    cmps = comparisons(cfg, arms)
+    report = {"scale": cfg.scale, "backend": cfg.backend,
+              "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows,
+              "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
+              "limits": scale_limits(cfg), "seconds": timings, "gaps": gaps}
+    (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
+    w = cfg.world
+    lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
+             f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their SFT "
+             f"solutions the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); benchmarks: "
+             f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
+             f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",
+             "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task).", "",
+             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | novel Exec |",
+             "|---|---|---|---|---|---|"]
+    for a, row in rows.items():
+        h, n = row.get("heldout", {}), row.get("novel", {})
+        lines.append(f"| {row['title']} | {_pct(h.get('exec'))} | {_pct(h.get('fast_1'))} | "
+                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | {_pct(n.get('exec'))} |")
+    lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",
+              "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
+    for c in cmps:
+        d = c.diff
+        lines.append(f"| {c.a} | {c.b} | {c.n} | {100 * d.value:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] | "
+                     f"{c.verdict} |")
+    lines += ["", "![curves](curves.png)", "", "## What this scale cannot show", "",
+              *[f"- {x}" for x in report["limits"]], "", "## Seconds per stage", "", "| stage | seconds |",
+              "|---|---|", *[f"| {k} | {v} |" for k, v in timings.items()],
+              "", "(a stage a resumed demo found done keeps the seconds it took when it ran)"]
+    if gaps:
+        lines += ["", "## Gaps (stages that did not run)", "", *[f"- **{g['stage']}**: {g['reason']}" for g in gaps]]
+    (cfg.out / "report.md").write_text("\n".join(lines) + "\n")
+    plot_curves(rows, cfg.out / "curves.png")
+    return report
+
+
+def plot_curves(rows: dict[str, dict], path: Path) -> bool:
+    """Train reward per RL step (left) and held-out Exec per RL export (right), each with its 95 % band; False
+    without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm, row in rows.items():
+        for ax, key, points in ((left, "reward", row["train_reward"]), (right, "exec", row["heldout_curve"])):
+            if points:
+                xs, ivs = [p["step"] for p in points], [p[key] for p in points]
+                line, = ax.plot(xs, [iv["value"] for iv in ivs], marker="o", label=row["title"])
+                ax.fill_between(xs, [iv["lo"] for iv in ivs], [iv["hi"] for iv in ivs], color=line.get_color(),
+                                alpha=0.15)
+    left.set(title="train reward (95 % band, clustered by task group)", xlabel="RL steps before the rollouts",
+             ylim=(-0.05, 1.05))
+    right.set(title="held-out Exec per RL export (step 0: SFT)", xlabel="RL step", ylim=(-0.05, 1.05))
+    for ax in (left, right):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

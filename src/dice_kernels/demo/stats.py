@@ -1,0 +1,96 @@
+"""Intervals and paired comparisons for the demo's arms: pure functions over per-task scores, no I/O.
+
+Scores are grouped by task (`{task_id: [score of sample 1, ...]}`, each score 0/1 or a reward); a task's k samples
+are not independent, so every bootstrap resamples tasks (clusters), never samples. Two arms are compared on the
+tasks both scored, task by task (a paired bootstrap), and one is said to beat the other only when the 95 % interval
+of the difference excludes 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+Scores = dict[str, list[float]]  # task id -> one score per sample
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its 95 % interval."""
+
+    value: float
+    lo: float
+    hi: float
+
+    def excludes_zero(self) -> bool:
+        return self.lo > 0 or self.hi < 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Arm `a` minus arm `b` over the `n` tasks both scored."""
+
+    a: str
+    b: str
+    n: int
+    diff: Interval
+
+    @property
+    def verdict(self) -> str:
+        if self.diff.lo > 0:
+            return f"{self.a} beats {self.b}"
+        if self.diff.hi < 0:
+            return f"{self.b} beats {self.a}"
+        return "no difference shown (the interval contains 0)"
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> Interval:
+    """The Wilson score interval of a proportion (one sample per task: tasks are independent trials)."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson needs 0 <= successes <= n and n > 0, got {successes} of {n}")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _task_means(scores: Scores, tasks: list[str]) -> np.ndarray:
+    for t in tasks:
+        if not scores[t]:
+            raise ValueError(f"task {t!r} has no scores")
+    return np.array([float(np.mean(scores[t])) for t in tasks])
+
+
+def _bootstrap(values: np.ndarray, n_boot: int, seed: int) -> Interval:
+    """Percentile interval of the mean of `values` (one per task), resampling tasks with replacement."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(values), size=(n_boot, len(values)))
+    means = values[picks].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return Interval(float(values.mean()), float(lo), float(hi))
+
+
+def rate_interval(scores: Scores, n_boot: int = 2000, seed: int = 0) -> Interval:
+    """Mean score over tasks with its 95 % interval: Wilson when every task has one 0/1 score, else a bootstrap
+    over tasks (a task's k samples move together)."""
+    if not scores:
+        raise ValueError("rate_interval needs at least one task")
+    tasks = sorted(scores)
+    flat = [s for t in tasks for s in scores[t]]
+    if all(len(scores[t]) == 1 for t in tasks) and set(flat) <= {0.0, 1.0}:
+        return wilson(int(sum(flat)), len(flat))
+    return _bootstrap(_task_means(scores, tasks), n_boot, seed)
+
+
+def paired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
+                      seed: int = 0) -> Comparison:
+    """Mean of (a's task mean - b's task mean) over the tasks both scored, with a seeded paired bootstrap over
+    those tasks."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        raise ValueError(f"{names[0]} and {names[1]} share no task to compare on")
+    diffs = _task_means(a, shared) - _task_means(b, shared)
+    return Comparison(names[0], names[1], len(shared), _bootstrap(diffs, n_boot, seed))
+

@@ -1,0 +1,64 @@
+"""demo/stats.py: Wilson and bootstrap intervals, the task-clustered bootstrap, and the paired comparison's verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from dice_kernels.demo.stats import Interval, paired_difference, rate_interval, wilson
+
+
+def test_wilson_matches_known_values_and_stays_in_0_1():
+    iv = wilson(5, 10)  # the textbook figure: 0.237 .. 0.763
+    assert iv.value == 0.5 and iv.lo == pytest.approx(0.2366, abs=1e-3) and iv.hi == pytest.approx(0.7634, abs=1e-3)
+    zero = wilson(0, 20)
+    assert zero.lo == 0.0 and 0.1 < zero.hi < 0.2  # no successes still leaves an upper bound above 0
+    assert wilson(20, 20).hi == 1.0 and wilson(20, 20).lo > 0.8
+    with pytest.raises(ValueError, match="successes"):
+        wilson(3, 2)
+
+
+def test_rate_interval_uses_wilson_for_one_binary_sample_per_task():
+    scores = {f"t{i}": [1.0 if i < 3 else 0.0] for i in range(12)}
+    assert rate_interval(scores) == wilson(3, 12)
+
+
+def test_k_samples_per_task_are_clustered_by_task():
+    # 8 tasks, 4 identical samples each: 32 scores but only 8 independent units. Clustering must give the interval
+    # of 8 task means, wider than a (wrong) interval treating 32 samples as independent.
+    per_task = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    clustered = rate_interval({f"t{i}": [v] * 4 for i, v in enumerate(per_task)}, seed=1)
+    independent = rate_interval({f"s{i}": [v] for i, v in enumerate(per_task * 4)})
+    assert clustered.value == independent.value == 0.5
+    assert clustered.hi - clustered.lo > 1.3 * (independent.hi - independent.lo)
+
+
+def test_bootstrap_is_seeded():
+    scores = {f"t{i}": [0.25 * (i % 5)] for i in range(30)}
+    assert rate_interval(scores, seed=3) == rate_interval(scores, seed=3)
+    assert rate_interval(scores, seed=3) != rate_interval(scores, seed=4)
+
+
+def test_paired_difference_sees_a_consistent_gain_that_unpaired_rates_would_blur():
+    # B solves 40 of 100 tasks; A solves the same 40 and 12 more. The paired interval excludes 0.
+    b = {f"t{i}": [1.0 if i < 40 else 0.0] for i in range(100)}
+    a = {f"t{i}": [1.0 if i < 52 else 0.0] for i in range(100)}
+    cmp = paired_difference(a, b, ("A", "B"), seed=0)
+    assert cmp.n == 100 and cmp.diff.value == pytest.approx(0.12)
+    assert cmp.diff.lo > 0 and cmp.verdict == "A beats B"
+    assert paired_difference(b, a, ("B", "A")).verdict == "A beats B"
+    # unpaired, the two Wilson intervals overlap: only pairing shows the gain
+    assert wilson(52, 100).lo < wilson(40, 100).hi
+
+
+def test_paired_difference_of_noise_claims_nothing_and_uses_shared_tasks_only():
+    a = {f"t{i}": [float(i % 2)] for i in range(40)}
+    b = {f"t{i}": [float((i + 1) % 2)] for i in range(40)} | {"extra": [1.0]}
+    cmp = paired_difference(a, b, ("A", "B"))
+    assert cmp.n == 40 and cmp.diff.lo < 0 < cmp.diff.hi
+    assert cmp.verdict.startswith("no difference")
+    with pytest.raises(ValueError, match="share no task"):
+        paired_difference({"x": [1.0]}, {"y": [0.0]})
+
+
+def test_interval_excludes_zero():
+    assert Interval(0.1, 0.01, 0.2).excludes_zero() and not Interval(0.1, -0.01, 0.2).excludes_zero()
