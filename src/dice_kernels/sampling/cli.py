@@ -94,7 +94,9 @@ def generate(
     try:
         generator = (Generator.from_checkpoint(resolve_checkpoint(checkpoint), dtype=torch_dtype, device=dev)
                      if checkpoint is not None else _random_generator(dev, seed))
-    except (CheckpointError, OSError, ValueError) as e:  # the checkpoint's files: config, weights, tokenizer
+    except CheckpointError as e:  # its message starts with the folder it names
+        fail(f"--checkpoint {e}")
+    except (OSError, ValueError) as e:  # the checkpoint's other files: config values, tokenizer
         fail(f"--checkpoint {checkpoint}: {e}")
     began = time.perf_counter()
     # a task prompt gets the same system message as the SFT and RL data, so sampling sees what training saw
