@@ -180,3 +180,28 @@ def test_input_errors_fail_without_importing_torch():
             "try:\n    app()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stderr
+
+
+def test_config_paths_resolve_from_any_working_directory(tmp_path):
+    """Shipped configs name package resources (pkg:), found from any folder; a user's config names its inputs
+    relative to its own folder; a --set path stays relative to the working directory."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "my.toml").write_text('[model]\nshape = "tiny"\ntokenizer = "pkg:assets/qwen3-tokenizer"\n'
+                                              '[data]\npath = "d/sft.jsonl"\n')
+    (tmp_path / "cwd").mkdir()
+
+    def show(*argv: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "dice_kernels", "train", *argv, "--show"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path / "cwd")
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    import tomllib
+
+    rl = tomllib.loads(show("rl", "tiny"))
+    assert all(Path(p).is_dir() for p in (rl["model"]["tokenizer"], rl["tasks"]["infill"], rl["tasks"]["solutions"]))
+    assert (Path(rl["model"]["tokenizer"]) / "tokenizer.json").is_file()
+    sft = tomllib.loads(show("sft", str(tmp_path / "cfg" / "my.toml")))
+    assert sft["data"]["path"] == str(tmp_path / "cfg" / "d" / "sft.jsonl")
+    sft = tomllib.loads(show("sft", str(tmp_path / "cfg" / "my.toml"), "--set", "data.path=mine.jsonl"))
+    assert sft["data"]["path"] == "mine.jsonl"

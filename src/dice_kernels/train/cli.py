@@ -3,6 +3,8 @@ inside the commands so `dice --help` stays fast. Every error a user can fix is o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from dice_kernels.cli_errors import fail, need_extra
@@ -23,18 +25,58 @@ def _overrides(set_: list[str]) -> list[str]:
 
 
 def _load(cls: type, stage: str, config: str, set_: list[str]):
-    """The stage's config; a model.checkpoint given as a Hub id becomes its folder in the Hugging Face cache."""
+    """The stage's config with its paths resolved (`_path_overrides`); a model.checkpoint given as a Hub id becomes
+    its folder in the Hugging Face cache."""
     from dataclasses import replace
 
     from dice_kernels.model.checkpoint import resolve_checkpoint
     from dice_kernels.train.config import config_path, load
 
-    cfg = load(cls, config_path(stage, config), _overrides(set_))
+    path = config_path(stage, config)
+    overrides = _overrides(set_)
+    cfg = _package_paths(load(cls, path, _path_overrides(path, overrides) + overrides))
     if not cfg.model.checkpoint:
         return cfg
     folder = str(resolve_checkpoint(cfg.model.checkpoint))
     tokenizer = folder if cfg.model.tokenizer == cfg.model.checkpoint else cfg.model.tokenizer
     return replace(cfg, model=replace(cfg.model, checkpoint=folder, tokenizer=tokenizer))
+
+
+# config keys naming files or folders to read; out_dir (what a run writes) stays relative to the working directory
+PATH_KEYS = ("model.tokenizer", "data.path", "tasks.infill", "tasks.e2e", "tasks.solutions")
+PACKAGE = "pkg:"  # a path inside the installed package, e.g. "pkg:assets/qwen3-tokenizer"
+
+
+def _path_overrides(path: Path, overrides: list[str]) -> list[str]:
+    """A user's config file names its inputs relative to its own folder, wherever `dice` runs; a shipped config's
+    plain relative paths (data.path = "dice-out/sft.jsonl") name the user's files in the working directory."""
+    from dice_kernels.train.config import CONFIGS, load_toml
+
+    if path.resolve().is_relative_to(CONFIGS.resolve()):
+        return []
+    data, given = load_toml(path), {o.partition("=")[0].strip() for o in overrides}
+    found = []
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = data.get(section, {}).get(name) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and value and key not in given and not value.startswith(PACKAGE) \
+                and not Path(value).expanduser().is_absolute():
+            found.append(f"{key}={path.parent.resolve() / value}")
+    return found
+
+
+def _package_paths(cfg):
+    """`cfg` with each path key given as pkg:RELATIVE replaced by the path it names inside the installed package."""
+    from dataclasses import replace
+    from importlib.resources import files
+
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section, None), name, None)
+        if isinstance(value, str) and value.startswith(PACKAGE):
+            where = str(files("dice_kernels").joinpath(value.removeprefix(PACKAGE)))
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{name: where})})
+    return cfg
 
 
 @app.command("sft")
