@@ -84,7 +84,7 @@ def sft(
     config: str = typer.Argument(..., help="A TOML config file, or a shipped config: tiny, sdar-1.7b, sdar-4b, "
                                            "sdar-8b."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key, e.g. --set optim.lr=2e-5 "
-                                                     "--set data.path=dice-out/sft.jsonl (repeatable)."),
+                                                     "--set data.path=runs/cuke/sft.jsonl (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in out_dir from its newest resumable "
                                                         "state (model, optimizer, schedule, data position, RNG)."),
     plan: bool = typer.Option(False, "--plan", help="Print the memory plan (parameters, gradients, optimizer "
@@ -98,8 +98,8 @@ def sft(
 
     \b
     Examples:
-      dice train sft tiny --set data.path=dice-out/sft.jsonl          # small random model, CPU
-      dice train sft sdar-4b --set model.checkpoint=ckpt/SDAR-4B-Chat --set data.path=dice-out/sft.jsonl
+      dice train sft tiny --set data.path=runs/cuke/sft.jsonl          # small random model, CPU
+      dice train sft sdar-4b --set model.checkpoint=ckpt/SDAR-4B-Chat --set data.path=runs/cuke/sft.jsonl
       torchrun --nproc_per_node 8 -m dice_kernels train sft sdar-8b --set out_dir=runs/sft-8b
       dice train sft sdar-8b --set out_dir=runs/sft-8b --resume      # after a crash or kill
       dice train sft sdar-8b --plan --gpus 8 --gpu-memory 80
