@@ -52,8 +52,9 @@ def _timing(run: Path, phase: str) -> list[dict]:
 
 def test_bench_with_a_tiny_checkpoint_writes_generations_and_the_report(checkpoint, tmp_path, build_cache):
     run = tmp_path / "run"
-    _bench("-c", str(checkpoint), "--out", str(run), "--samples", "2", "--max-new-tokens", "24", "--temperature",
-           "1", "--seed", "0", "--cache-dir", str(build_cache), *FAST)
+    output = _bench("-c", str(checkpoint), "--out", str(run), "--samples", "2", "--max-new-tokens", "24",
+                    "--temperature", "1", "--seed", "0", "--cache-dir", str(build_cache), *FAST)
+    assert "generating: 4/4 (" in output  # --no-progress: a line per generated batch, for logs
     records = sorted((run / "generations").rglob("s*.json"))
     assert [p.relative_to(run / "generations").as_posix() for p in records] == [
         "level1/19_ReLU/s0.json", "level1/19_ReLU/s1.json", "level1/90_AddMul/s0.json", "level1/90_AddMul/s1.json"]

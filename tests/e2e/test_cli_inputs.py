@@ -83,26 +83,95 @@ BAD_INPUTS = [
     ("checkpoint without config.json", lambda t: ["generate", "-c", str(_checkpoint_without_config(t)), "-p", "hi"],
      "--checkpoint {t}/ckpt: no config.json"),
     ("data build without sources", lambda t: ["data", "build", "--out", str(t / "d")], "give at least one source"),
+    ("data build, a mistyped source", lambda t: ["data", "build", "--out", str(t / "d"), "--dice-pairs",
+                                                str(t / "pairs.jsn")], "input file(s) not found: {t}/pairs.jsn"),
+    ("generate from a run folder", lambda t: ["generate", "-c", str(_run_folder(t)), "-p", "hi"],
+     "--checkpoint {t}/sft is a training run folder: give its export, {t}/sft/final"),
+    ("bench from a run folder", lambda t: ["bench", "-c", str(_run_folder(t)), "--backend", "cpu"],
+     "--checkpoint {t}/sft is a training run folder: give its export, {t}/sft/final"),
+    ("bench, a Hub id not in the cache", lambda t: ["bench", "-c", "JetLM/SDAR-4B-Chat", "--backend", "cpu"],
+     "JetLM/SDAR-4B-Chat: no such folder, and the Hugging Face cache does not hold this Hub id: fetch it first "
+     "(huggingface-cli download JetLM/SDAR-4B-Chat)"),
+    ("train sft, a mistyped checkpoint", lambda t: ["train", "sft", "tiny", "--set", f"model.checkpoint={t}/ckpt"],
+     "{t}/ckpt: no such checkpoint folder"),
+    ("train rl, a checkpoint without config.json", lambda t: ["train", "rl", "tiny", "--set",
+                                                              f"model.checkpoint={_checkpoint_without_config(t)}"],
+     "{t}/ckpt: no config.json"),
+    ("train rl, an unknown config", lambda t: ["train", "rl", "tiniest"], "tiniest: no such config file"),
 ]
+
+
+def _run_folder(tmp: Path) -> Path:
+    """A `dice train sft` run folder: its Hugging Face export is final/."""
+    (tmp / "sft" / "final").mkdir(parents=True)
+    (tmp / "sft" / "final" / "config.json").write_text("{}")
+    return tmp / "sft"
 
 
 @pytest.mark.parametrize("case,argv,message", BAD_INPUTS, ids=[c for c, _, _ in BAD_INPUTS])
 def test_a_bad_input_is_one_line_and_exit_code_2(tmp_path, case, argv, message):
     r = subprocess.run([sys.executable, "-m", "dice_kernels", *argv(tmp_path)], capture_output=True, text=True,
-                       env={**os.environ, "DICE_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+                       env={**os.environ, "DICE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+                            "HF_HUB_CACHE": str(tmp_path / "hub")}, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr  # one line, no traceback
     assert message.format(t=tmp_path) in r.stderr
     assert not (tmp_path / "cache").exists()  # nothing was built
 
 
-def test_data_build_without_the_data_extra_names_the_install(tmp_path):
-    """The [data] extra missing (datasketch hidden from the import system in a real `dice` process)."""
-    code = ("import sys; sys.modules['datasketch'] = None; sys.argv = ['dice', 'data', 'build', '--out', sys.argv[1], "
-            "'--dice-pairs', sys.argv[1]]; from dice_kernels.cli import app; app()")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+# (command, a module of its extra hidden from the import system, the extra the one line names)
+MISSING_EXTRAS = [
+    (["data", "build", "--out", "{t}/d", "--dice-pairs", str(TASK)], "datasketch", "data"),
+    (["train", "sft", "tiny", "--set", "data.path={t}/sft.jsonl"], "transformers", "train"),
+    (["train", "rl", "tiny"], "transformers", "train"),
+    (["generate", "--random-init", "-p", "hi"], "transformers", "model"),
+]
+
+
+@pytest.mark.parametrize("argv,module,extra", MISSING_EXTRAS, ids=[" ".join(a[:2]) for a, _, _ in MISSING_EXTRAS])
+def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, argv, module, extra):
+    """A real `dice` process without the extra's module: one line with the pip command, not a rank-0 traceback."""
+    code = (f"import sys; sys.modules[{module!r}] = None; sys.argv = ['dice', *sys.argv[1:]]; "
+            "from dice_kernels.cli import app; app()")
+    r = subprocess.run([sys.executable, "-c", code, *(a.format(t=tmp_path) for a in argv)], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "needs the [data] extra (datasketch is not installed): pip install 'dice-kernels[data]'" in r.stderr
+    assert f"needs the [{extra}] extra ({module} is not installed): pip install 'dice-kernels[{extra}]'" in r.stderr
+
+
+def _hub_cache(cache: Path, hub_id: str, files: dict[str, str]) -> None:
+    """What `huggingface-cli download` leaves in $HF_HUB_CACHE: refs/main naming a snapshot that holds the files."""
+    repo = cache / f"models--{hub_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    for name, text in files.items():
+        (repo / "snapshots" / commit / name).write_text(text)
+
+
+def test_a_hub_id_in_the_cache_plans_offline_from_its_config_alone(tmp_path):
+    """`--plan` with a Hub id whose cached snapshot holds config.json only (no weights), the network off."""
+    import json
+
+    from dice_kernels.model.config import SDAR_SHAPES
+
+    _hub_cache(tmp_path / "hub", "JetLM/SDAR-8B-Chat", {"config.json": json.dumps(SDAR_SHAPES["8B"].to_hf())})
+    r = subprocess.run([sys.executable, "-m", "dice_kernels", "train", "sft", "sdar-8b", "--plan", "--gpus", "8",
+                        "--set", "model.checkpoint=JetLM/SDAR-8B-Chat"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert r.returncode == 0, r.stderr
+    assert "memory plan: " in r.stdout and "models--JetLM--SDAR-8B-Chat/snapshots/" in r.stdout
+
+
+def test_rl_from_a_checkpoint_replaces_the_shipped_shape_and_shows_it(tmp_path):
+    """`dice train rl tiny --set model.checkpoint=...` needs no second flag to clear the tiny shape; --show prints
+    the config the run would use."""
+    ckpt = _run_folder(tmp_path) / "final"
+    r = subprocess.run([sys.executable, "-m", "dice_kernels", "train", "rl", "tiny", "--set",
+                        f"model.checkpoint={ckpt}", "--show"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f'checkpoint = "{ckpt}"\nshape = ""\ntokenizer = ""' in r.stdout  # "": the checkpoint's tokenizer
 
 
 def test_input_errors_fail_without_importing_torch():
@@ -111,3 +180,28 @@ def test_input_errors_fail_without_importing_torch():
             "try:\n    app()\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stderr
+
+
+def test_config_paths_resolve_from_any_working_directory(tmp_path):
+    """Shipped configs name package resources (pkg:), found from any folder; a user's config names its inputs
+    relative to its own folder; a --set path stays relative to the working directory."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "my.toml").write_text('[model]\nshape = "tiny"\ntokenizer = "pkg:assets/qwen3-tokenizer"\n'
+                                              '[data]\npath = "d/sft.jsonl"\n')
+    (tmp_path / "cwd").mkdir()
+
+    def show(*argv: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "dice_kernels", "train", *argv, "--show"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path / "cwd")
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    import tomllib
+
+    rl = tomllib.loads(show("rl", "tiny"))
+    assert all(Path(p).is_dir() for p in (rl["model"]["tokenizer"], rl["tasks"]["infill"], rl["tasks"]["solutions"]))
+    assert (Path(rl["model"]["tokenizer"]) / "tokenizer.json").is_file()
+    sft = tomllib.loads(show("sft", str(tmp_path / "cfg" / "my.toml")))
+    assert sft["data"]["path"] == str(tmp_path / "cfg" / "d" / "sft.jsonl")
+    sft = tomllib.loads(show("sft", str(tmp_path / "cfg" / "my.toml"), "--set", "data.path=mine.jsonl"))
+    assert sft["data"]["path"] == "mine.jsonl"

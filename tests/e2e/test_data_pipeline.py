@@ -107,8 +107,12 @@ def test_build_cpu_dry_run_records_every_decision_and_resumes(tmp_path):
 def test_build_without_gpu_and_without_keep_unverified_drops_cuda_pairs_with_reason(tmp_path):
     pairs, tasks = write_corpus(tmp_path)
     out = tmp_path / "out"
-    run(["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend", "cpu",
-         "--no-progress"])
+    result = CliRunner().invoke(app, ["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark",
+                                      str(tasks), "--backend", "cpu", "--no-progress"])
+    # an empty set is no success: the command says why (report.md's reasons) and names the flag that changes it
+    assert result.exit_code == 1, result.output
+    assert "the build kept no pairs: filter dropped 4 (unverified" in result.output
+    assert "--keep-unverified" in result.output
     decisions = [d for d in read_decisions(out / "decisions.jsonl") if d.stage == "filter"]
     assert len(decisions) == 4 and all(d.action == "drop" and "unverified" in d.reason for d in decisions)
     assert json.loads((out / "report.json").read_text())["final_pairs"] == 0
@@ -168,7 +172,7 @@ def test_rl_tasks_command_orders_by_level_and_decontaminates_both_phases(tmp_pat
     pairs, tasks = write_corpus(tmp_path)
     out = tmp_path / "out"
     run(["build", "--out", str(out), "--dice-pairs", str(pairs), "--benchmark", str(tasks), "--backend", "cpu",
-         "--no-progress"])
+         "--keep-unverified", "--no-progress"])
     programs = [{"idx": i, "level": str(lvl), "pytorch_code": MODEL.format(op=op, extra=" + 2.0")}
                 for i, (op, lvl) in enumerate([("sinh", 2), ("erfc", 1), ("cosh", 1), ("log1p", 3)])]
     programs[1]["pytorch_code"] = MODEL.format(op="erfc", extra=" * 3.0 - 1.0")  # a benchmark task: must go

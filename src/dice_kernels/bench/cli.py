@@ -3,6 +3,7 @@ Thin: it fills in `BenchConfig` and calls `run.run`; heavy imports happen inside
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -10,23 +11,21 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from dice_kernels.cli_errors import fail, need_extra
 from dice_kernels.harness.cli_options import eval_options
 
 app = typer.Typer(add_completion=False, invoke_without_command=True)  # help: the callback's docstring
 console = Console(stderr=True)
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
-
-
 @app.callback()
 @eval_options
 def bench(
     ctx: typer.Context,
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-c", file_okay=False,
-                                              help="Block-diffusion (SDAR) checkpoint directory to generate with."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", "-c",
+                                             help="Block-diffusion (SDAR) checkpoint directory to generate with, "
+                                                  "or a Hub id (JetLM/SDAR-4B-Chat) already in the Hugging Face "
+                                                  "cache."),
     generations: Optional[Path] = typer.Option(None, "--generations", "-g", file_okay=False,
                                                help="Instead of generating: a folder of any model's outputs (.md, "
                                                     ".txt or .py), paired to tasks by name (level1/19_ReLU/s0.md, "
@@ -65,7 +64,9 @@ def bench(
                                "present)."),
     stage: str = typer.Option("all", help="all; generate (stop after generating, e.g. to evaluate elsewhere); "
                               "evaluate (evaluate the generations already written)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars (off: a line per step)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default="bars on a terminal",
+                                            help="Progress bars, or a line per generated batch and evaluated "
+                                                 "candidate (for logs). Default: bars when stdout is a terminal."),
     eval_config=None,  # the harness's options, the same as `dice eval`'s (harness/cli_options.py)
 ) -> None:
     """Generate kernels for KernelBench tasks with a checkpoint (or take any model's outputs), evaluate them in the
@@ -87,31 +88,39 @@ def bench(
     from dice_kernels.sampling.decoder import SamplingConfig
     from dice_kernels.tasks import TaskError
 
-    for flag, path in (("--checkpoint", checkpoint), ("--generations", generations), ("--tasks", tasks)):
+    from dice_kernels.model.checkpoint import CheckpointError, resolve_checkpoint
+
+    for flag, path in (("--generations", generations), ("--tasks", tasks)):
         if path is not None and not path.exists():
-            _fail(f"{flag} {path}: no such file or directory")
+            fail(f"{flag} {path}: no such file or directory")
+    try:
+        folder = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+    except CheckpointError as e:
+        fail(f"--checkpoint {e}")
+    if folder is not None:
+        need_extra("model", "dice bench --checkpoint")
     try:
         decoding = SamplingConfig(max_new_tokens=max_new_tokens, block_size=block_size, steps=steps,
                                   strategy=strategy, threshold=threshold, temperature=temperature, top_k=top_k,
                                   top_p=top_p, seed=seed, cuda_graphs=cuda_graphs,
                                   compile=compile_layers)
-        cfg = BenchConfig(out=out or Path("runs") / f"bench-{datetime.now():%Y%m%d-%H%M%S}", checkpoint=checkpoint,
+        cfg = BenchConfig(out=out or Path("runs") / f"bench-{datetime.now():%Y%m%d-%H%M%S}", checkpoint=folder,
                           generations=generations, tasks=tasks, levels=tuple(level), task_filter=tuple(task),
                           samples=samples, batch_size=batch_size, decoding=decoding, dtype=dtype, device=device,
                           stage=stage, eval=eval_config)
         cfg.check()
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     if samples > 1 and temperature == 0:
         console.print("[yellow]--samples > 1 with greedy decoding (--temperature 0) gives identical samples[/]")
     import torch
 
     try:
-        summary = run(cfg, progress=progress, echo=console.print)
+        summary = run(cfg, progress=sys.stdout.isatty() if progress is None else progress, echo=console.print)
     except (ValueError, TaskError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     except torch.OutOfMemoryError:
-        _fail(f"out of memory while generating batches of {batch_size}: lower --batch-size (or --max-new-tokens) "
+        fail(f"out of memory while generating batches of {batch_size}: lower --batch-size (or --max-new-tokens) "
               f"and run the same command again; the generations already written in {cfg.out} are kept")
     if summary is None:
         console.print(f"generations written under {cfg.out / 'generations'}; evaluate them with "
@@ -148,7 +157,7 @@ def compare_cmd(
     try:
         text = compare(run_a, run_b)
     except FileNotFoundError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(text)
     if out is not None:
         out.write_text(text)

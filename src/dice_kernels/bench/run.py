@@ -148,7 +148,7 @@ def run(cfg: BenchConfig, command: str = "", progress: bool = True,
         echo(f"generation: {len(todo)} to generate, {done} already written ({len(tasks)} task(s) x {cfg.samples} "
              f"sample(s)) -> {root}")
         if todo:
-            with _bar(len(todo), "generating", progress) as advance:
+            with _bar(len(todo), "generating", progress, echo) as advance:
                 generate(cfg, todo, root, log, advance)
     if cfg.stage == "generate":
         return None
@@ -173,14 +173,20 @@ def _read_timing(run_dir: Path) -> list[dict]:
 
 
 class _bar:
-    """A rich progress bar (or nothing), used as `with _bar(n, label, on) as advance: advance(k)`."""
+    """A rich progress bar, or (for logs) a line per advance, used as
+    `with _bar(n, label, on, echo) as advance: advance(k)`."""
 
-    def __init__(self, total: int, label: str, enabled: bool):
-        self.total, self.label, self.enabled, self.progress = total, label, enabled, None
+    def __init__(self, total: int, label: str, enabled: bool, echo: Callable[[str], None]):
+        self.total, self.label, self.enabled, self.echo, self.progress = total, label, enabled, echo, None
+        self.done, self.began = 0, time.perf_counter()
+
+    def _line(self, n: int) -> None:
+        self.done += n
+        self.echo(f"{self.label}: {self.done}/{self.total} ({time.perf_counter() - self.began:.0f} s)")
 
     def __enter__(self) -> Callable[[int], None]:
         if not self.enabled:
-            return lambda n: None
+            return self._line
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
         self.progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

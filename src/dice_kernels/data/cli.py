@@ -11,25 +11,11 @@ from typing import Optional
 
 import typer
 
-from dice_kernels.cli_errors import fail
+from dice_kernels.cli_errors import fail, need_extra
 from dice_kernels.harness.cli_options import eval_options
-
-DATA_EXTRA = ("datasketch", "pyarrow")  # what `pip install 'dice-kernels[data]'` adds that a build needs
 
 app = typer.Typer(help="CuKe data curation: sources -> verify -> filter -> dedupe -> decontaminate -> format.",
                   no_args_is_help=True)
-
-
-
-def _need_data_extra() -> None:
-    import importlib
-
-    for module in DATA_EXTRA:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            fail(f"dice data build needs the [data] extra ({module} is not installed): "
-                  "pip install 'dice-kernels[data]'")
 
 
 def _benchmarks(paths: Optional[list[Path]]) -> list[Path]:
@@ -94,7 +80,12 @@ def build(
         sources.append(SourceSpec("mapped", (path,), mapping=mapping))
     if not sources:
         fail("give at least one source (--dice-pairs, --leaderboard, --qa-parquet, --generic)")
-    _need_data_extra()
+    named = [*(p for s in sources for p in s.paths), *([str(rl_programs)] if rl_programs else []),
+             *map(str, benchmark or [])]
+    if missing := [p for p in named if not Path(p).is_file()]:
+        fail(f"input file(s) not found: {', '.join(missing)} (where each corpus comes from: README.md, "
+             "'Data sources')")
+    need_extra("data", "dice data build")
     cfg = CurationConfig(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_config, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
@@ -107,6 +98,17 @@ def build(
     corr = report["published_rank_correlation"]
     console.print(f"final pairs {report['final_pairs']}; Spearman vs published = {corr['spearman']} (n={corr['n']})")
     console.print(f"report: {out / 'report.md'}")
+    if report["final_pairs"] == 0 and not report.get("rl_e2e", {}).get("after_decontam"):  # nothing to train on
+        fail(f"the build kept no pairs: {_empty_reason(report['stages'])}"
+             + ("" if keep_unverified else "; on a machine that cannot verify kernels (no GPU), "
+                "--keep-unverified lets unverified pairs through for a dry run"), code=1)
+
+
+def _empty_reason(stages: list[dict]) -> str:
+    """Where the pairs went: each stage that dropped some, with its commonest reasons (report.md's table)."""
+    parts = [f"{s['stage']} dropped {s['drop']} (" + "; ".join(f"{r} ({n})" for r, n in s["top_drop_reasons"]) + ")"
+             for s in stages if s["drop"]]
+    return ", ".join(parts) or "no source yielded a pair"
 
 
 @app.command()

@@ -1,9 +1,12 @@
 """Hugging Face checkpoint directories: config.json, model.safetensors or a sharded index, tokenizer files.
-Weights are matched by their Qwen3 names; a missing, unexpected or mis-shaped tensor is an error that names it."""
+Weights are matched by their Qwen3 names; a missing, unexpected or mis-shaped tensor is an error that names it.
+A checkpoint is named by its folder or by a Hub id (owner/name) that huggingface_hub's cache already holds
+(`resolve_checkpoint`: never a download)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +25,43 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded as written; the message names the file or tensor."""
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the Hub spells repository ids
+
+
+def resolve_checkpoint(name: str | Path) -> Path:
+    """The folder of checkpoint `name`: a folder holding config.json, or the snapshot of a Hub id in the local
+    Hugging Face cache ($HF_HUB_CACHE; only what is cached, so a config.json alone serves a memory plan). A training
+    run folder is pointed to its final/ export."""
+    path = Path(name)
+    if not path.exists() and HUB_ID.fullmatch(str(name)):
+        path = _cached_snapshot(str(name))
+    if not path.is_dir():
+        raise CheckpointError(f"{name}: no such checkpoint folder (give a folder with config.json and "
+                              "*.safetensors, or a Hub id such as JetLM/SDAR-4B-Chat)")
+    if not (path / "config.json").is_file():
+        if (path / "final" / "config.json").is_file():
+            raise CheckpointError(f"{name} is a training run folder: give its export, {path / 'final'}")
+        raise CheckpointError(f"{name}: no config.json, so not a Hugging Face checkpoint folder (give the folder "
+                              "holding config.json, *.safetensors and tokenizer.json)")
+    return path
+
+
+def _cached_snapshot(hub_id: str) -> Path:
+    """The cached snapshot of `hub_id`, without touching the network."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        raise CheckpointError(f"{hub_id}: no such folder; reading it as a Hub id needs huggingface_hub: "
+                              "pip install 'dice-kernels[model]'") from None
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise CheckpointError(f"{hub_id}: no such folder, and the Hugging Face cache does not hold this Hub id: "
+                              f"fetch it first (huggingface-cli download {hub_id}) or give the checkpoint "
+                              "folder") from None
 
 
 def _mask_id_from_tokenizer_files(directory: Path) -> int | None:

@@ -13,16 +13,17 @@ from typing import Optional
 
 import typer
 
-from dice_kernels.cli_errors import fail
+from dice_kernels.cli_errors import fail, need_extra
 
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 
 def generate(
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", "-c", exists=True, file_okay=False,
-                                              help="Hugging Face checkpoint directory (config.json, *.safetensors, "
-                                                   "tokenizer.json), model_type sdar or qwen3."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", "-c",
+                                             help="Hugging Face checkpoint directory (config.json, *.safetensors, "
+                                                  "tokenizer.json), model_type sdar or qwen3, or a Hub id "
+                                                  "(JetLM/SDAR-4B-Chat) already in the Hugging Face cache."),
     random_init: bool = typer.Option(False, "--random-init",
                                      help="Instead of a checkpoint: a tiny random model with a byte tokenizer "
                                           "(nothing to download; its output is noise, which shows the pipeline "
@@ -72,11 +73,11 @@ def generate(
         fail(f"--dtype must be one of {', '.join(_DTYPES)}")
     if (checkpoint is None) == (not random_init):
         fail("give a model: --checkpoint DIR, or --random-init for a tiny random one")
-    if checkpoint is not None and not (checkpoint / "config.json").is_file():
-        fail(f"--checkpoint {checkpoint}: no config.json, so not a Hugging Face checkpoint directory (give the "
-              "directory holding config.json, *.safetensors and tokenizer.json)")
+    need_extra("model", "dice generate")
 
     import torch
+
+    from dice_kernels.model.checkpoint import CheckpointError, resolve_checkpoint
 
     from dice_kernels.prompts import SYSTEM_PROMPT, e2e_user
     from dice_kernels.sampling.decoder import SamplingConfig
@@ -90,8 +91,13 @@ def generate(
     backend = "cuda" if dev.type == "cuda" else "cpu"  # what the harness will run the answer on
     text = e2e_user(load_task_file(task).code, backend) if task is not None else prompt
 
-    generator = (Generator.from_checkpoint(checkpoint, dtype=torch_dtype, device=dev) if checkpoint is not None
-                 else _random_generator(dev, seed))
+    try:
+        generator = (Generator.from_checkpoint(resolve_checkpoint(checkpoint), dtype=torch_dtype, device=dev)
+                     if checkpoint is not None else _random_generator(dev, seed))
+    except CheckpointError as e:  # its message starts with the folder it names
+        fail(f"--checkpoint {e}")
+    except (OSError, ValueError) as e:  # the checkpoint's other files: config values, tokenizer
+        fail(f"--checkpoint {checkpoint}: {e}")
     began = time.perf_counter()
     # a task prompt gets the same system message as the SFT and RL data, so sampling sees what training saw
     result = generator([text], cfg, chat=not raw, system=SYSTEM_PROMPT if task is not None else None)[0]

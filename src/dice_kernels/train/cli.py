@@ -3,18 +3,80 @@ inside the commands so `dice --help` stays fast. Every error a user can fix is o
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import typer
 
+from dice_kernels.cli_errors import fail, need_extra
+
 app = typer.Typer(help="Train block-diffusion models: SFT (`dice train sft`), BiC-RL (`dice train rl`).",
                   no_args_is_help=True)
+SHOW_HELP = "Print the full config (every key, defaults included, overrides applied) as TOML and exit."
 
 
-def _fail(message: str) -> None:
-    from rich.console import Console
+def _overrides(set_: list[str]) -> list[str]:
+    """The --set list, where naming a model.checkpoint also clears the config's random-init shape and its
+    tokenizer (the checkpoint brings both), unless the same command sets those keys itself."""
+    keys = {o.partition("=")[0].strip(): o.partition("=")[2].strip() for o in set_}
+    if not keys.get("model.checkpoint"):
+        return set_
+    implied = [f"{key}=" for key in ("model.shape", "model.tokenizer") if key not in keys]
+    return implied + set_
 
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(2)
+
+def _load(cls: type, stage: str, config: str, set_: list[str]):
+    """The stage's config with its paths resolved (`_path_overrides`); a model.checkpoint given as a Hub id becomes
+    its folder in the Hugging Face cache."""
+    from dataclasses import replace
+
+    from dice_kernels.model.checkpoint import resolve_checkpoint
+    from dice_kernels.train.config import config_path, load
+
+    path = config_path(stage, config)
+    overrides = _overrides(set_)
+    cfg = _package_paths(load(cls, path, _path_overrides(path, overrides) + overrides))
+    if not cfg.model.checkpoint:
+        return cfg
+    folder = str(resolve_checkpoint(cfg.model.checkpoint))
+    tokenizer = folder if cfg.model.tokenizer == cfg.model.checkpoint else cfg.model.tokenizer
+    return replace(cfg, model=replace(cfg.model, checkpoint=folder, tokenizer=tokenizer))
+
+
+# config keys naming files or folders to read; out_dir (what a run writes) stays relative to the working directory
+PATH_KEYS = ("model.tokenizer", "data.path", "tasks.infill", "tasks.e2e", "tasks.solutions")
+PACKAGE = "pkg:"  # a path inside the installed package, e.g. "pkg:assets/qwen3-tokenizer"
+
+
+def _path_overrides(path: Path, overrides: list[str]) -> list[str]:
+    """A user's config file names its inputs relative to its own folder, wherever `dice` runs; a shipped config's
+    plain relative paths (data.path = "dice-out/sft.jsonl") name the user's files in the working directory."""
+    from dice_kernels.train.config import CONFIGS, load_toml
+
+    if path.resolve().is_relative_to(CONFIGS.resolve()):
+        return []
+    data, given = load_toml(path), {o.partition("=")[0].strip() for o in overrides}
+    found = []
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = data.get(section, {}).get(name) if isinstance(data.get(section), dict) else None
+        if isinstance(value, str) and value and key not in given and not value.startswith(PACKAGE) \
+                and not Path(value).expanduser().is_absolute():
+            found.append(f"{key}={path.parent.resolve() / value}")
+    return found
+
+
+def _package_paths(cfg):
+    """`cfg` with each path key given as pkg:RELATIVE replaced by the path it names inside the installed package."""
+    from dataclasses import replace
+    from importlib.resources import files
+
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section, None), name, None)
+        if isinstance(value, str) and value.startswith(PACKAGE):
+            where = str(files("dice_kernels").joinpath(value.removeprefix(PACKAGE)))
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{name: where})})
+    return cfg
 
 
 @app.command("sft")
@@ -22,7 +84,7 @@ def sft(
     config: str = typer.Argument(..., help="A TOML config file, or a shipped config: tiny, sdar-1.7b, sdar-4b, "
                                            "sdar-8b."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key, e.g. --set optim.lr=2e-5 "
-                                                     "--set data.path=dice-out/sft.jsonl (repeatable)."),
+                                                     "--set data.path=runs/cuke/sft.jsonl (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in out_dir from its newest resumable "
                                                         "state (model, optimizer, schedule, data position, RNG)."),
     plan: bool = typer.Option(False, "--plan", help="Print the memory plan (parameters, gradients, optimizer "
@@ -30,15 +92,14 @@ def sft(
                                                     "model on the meta device only."),
     gpus: int = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over."),
     gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
-    show: bool = typer.Option(False, "--show", help="Print the full config (every key, defaults included, "
-                                                    "overrides applied) as TOML and exit."),
+    show: bool = typer.Option(False, "--show", help=SHOW_HELP),
 ) -> None:
     """Supervised fine-tuning with the SDAR block-diffusion objective.
 
     \b
     Examples:
-      dice train sft tiny --set data.path=dice-out/sft.jsonl          # small random model, CPU
-      dice train sft sdar-4b --set model.checkpoint=ckpt/SDAR-4B-Chat --set data.path=dice-out/sft.jsonl
+      dice train sft tiny --set data.path=runs/cuke/sft.jsonl          # small random model, CPU
+      dice train sft sdar-4b --set model.checkpoint=ckpt/SDAR-4B-Chat --set data.path=runs/cuke/sft.jsonl
       torchrun --nproc_per_node 8 -m dice_kernels train sft sdar-8b --set out_dir=runs/sft-8b
       dice train sft sdar-8b --set out_dir=runs/sft-8b --resume      # after a crash or kill
       dice train sft sdar-8b --plan --gpus 8 --gpu-memory 80
@@ -50,21 +111,22 @@ def sft(
     """
     from dice_kernels.model.checkpoint import CheckpointError
     from dice_kernels.train.checkpointing import ModelSetupError
-    from dice_kernels.train.config import ConfigError, config_path, load, to_toml
+    from dice_kernels.train.config import ConfigError, to_toml
     from dice_kernels.train.sft import SFTConfig, TrainError, run_sft
     from dice_kernels.train.sft_data import DataError
 
     try:
-        cfg = load(SFTConfig, config_path("sft", config), set_)
+        cfg = _load(SFTConfig, "sft", config, set_)
         if show:
             typer.echo(to_toml(cfg), nl=False)
             return
         if plan:
             _print_plan(cfg, gpus, gpu_memory)
             return
+        need_extra("train", "dice train sft")
         run_sft(cfg, resume=resume)
     except (ConfigError, DataError, ModelSetupError, CheckpointError, TrainError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @app.command("rl")
@@ -75,6 +137,7 @@ def rl(
                                                      "--set model.checkpoint=runs/sft/final (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in out_dir from its newest resumable "
                                                         "state (model, optimizer, curriculum position, RNG)."),
+    show: bool = typer.Option(False, "--show", help=SHOW_HELP),
 ) -> None:
     """BiC-RL: rollouts, execution rewards from the harness, TraceRL updates (docs/rl.md).
 
@@ -82,6 +145,7 @@ def rl(
     Examples:
       dice train rl tiny                                     # small random model, CPU, C++ candidates
       dice train rl dice-infill --set model.checkpoint=runs/sft-sdar-8b/final
+      dice train rl tiny --set model.checkpoint=runs/sft-tiny/final   # the checkpoint replaces the tiny shape
       torchrun --nproc_per_node 8 -m dice_kernels train rl dice --set out_dir=runs/rl-8b
       dice train rl dice --set out_dir=runs/rl-8b --resume   # after a crash or kill
 
@@ -92,13 +156,18 @@ def rl(
     """
     from dice_kernels.model.checkpoint import CheckpointError
     from dice_kernels.train.checkpointing import ModelSetupError
-    from dice_kernels.train.config import ConfigError, config_path, load
+    from dice_kernels.train.config import ConfigError, to_toml
     from dice_kernels.train.rl import RLConfig, RLError, run_rl
 
     try:
-        run_rl(load(RLConfig, config_path("rl", config), set_), resume=resume)
+        cfg = _load(RLConfig, "rl", config, set_)
+        if show:
+            typer.echo(to_toml(cfg), nl=False)
+            return
+        need_extra("train", "dice train rl")
+        run_rl(cfg, resume=resume)
     except (ConfigError, ModelSetupError, CheckpointError, RLError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
@@ -108,7 +177,7 @@ def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
     from dice_kernels.train.plan import format_plan, memory_plan
 
     if gpus < 1:
-        _fail("--gpus must be >= 1")
+        fail("--gpus must be >= 1")
     if cfg.model.checkpoint:
         mcfg = load_config(cfg.model.checkpoint)  # config.json only: a directory without weights is enough
     elif cfg.model.shape in SDAR_SHAPES:
