@@ -5,7 +5,8 @@ from itertools import islice
 
 import pytest
 
-from dice_kernels.data.format import by_difficulty, rl_e2e_tasks, rl_infill_tasks, schedule, sft_rows, write_sft
+from dice_kernels.data.format import (by_difficulty, holdout_infill, rl_e2e_tasks, rl_infill_tasks, schedule, sft_rows,
+                                      write_sft)
 from dice_kernels.data.infill import split_program
 from dice_kernels.prompts import EXAMPLE_MODEL_NEW, chat_prompt
 from dice_kernels.data.records import PairRecord, Verification
@@ -69,3 +70,17 @@ def test_schedule_takes_64_per_step_in_order_and_wraps_around():
     assert steps[2][0]["i"] == 28
     with pytest.raises(ValueError):
         next(schedule([]))
+
+
+def test_held_out_infilling_pairs_leave_sft_and_are_the_only_infilling_tasks():
+    recs = records(40)
+    splits = {r.id: split_program(r.kernel) for r in recs[:30]}  # 10 pairs without a split stay in SFT
+    sft_pairs, rl_splits = holdout_infill(recs, splits, 0.5)
+    sft_ids, rl_ids = {r.id for r in sft_pairs}, set(rl_splits)
+    assert 5 <= len(rl_ids) <= 25 and not sft_ids & rl_ids and sft_ids | rl_ids == {r.id for r in recs}
+    assert {t["id"] for t in rl_infill_tasks(recs, rl_splits)} == rl_ids
+    assert not {r.pair_id for r in sft_rows(sft_pairs, splits, ("e2e",))} & rl_ids  # CuKe-style: e2e rows only
+    assert holdout_infill(list(reversed(recs)), splits, 0.5)[1].keys() == rl_ids  # by id, not by order
+    assert holdout_infill(recs, splits, 0.0) == (recs, splits)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        holdout_infill(recs, splits, 1.5)

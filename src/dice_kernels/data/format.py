@@ -6,6 +6,7 @@ easy -> hard (stable sort by level) and consumed by `schedule` 64 tasks per step
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from itertools import cycle, islice
@@ -90,6 +91,19 @@ def by_difficulty(rows: list[dict]) -> list[dict]:
 def rl_e2e_tasks(records: list[PairRecord], system: str | None = SYSTEM_PROMPT, backend: str = "cuda") -> list[dict]:
     return by_difficulty([{"id": r.id, "source": r.source, "level": r.level, "reference": r.reference,
                            "prompt": e2e_prompt(r.reference, system, backend)} for r in records])
+
+
+def holdout_infill(records: list[PairRecord], splits: dict[str, InfillSplit],
+                   fraction: float) -> tuple[list[PairRecord], dict[str, InfillSplit]]:
+    """(the SFT pairs, the infilling RL splits) with `fraction` of the pairs that have a split held out of SFT for
+    RL infilling (DICE's infilling programs are a set apart from its SFT pairs): the choice hashes each pair id, so
+    it is stable across reruns and record order. 0: every pair in SFT, infilling tasks cut from the same pairs."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"infill holdout fraction must be in [0, 1], got {fraction}")
+    if fraction == 0:
+        return records, splits
+    held = {k for k in splits if int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) < fraction * 16**8}
+    return [r for r in records if r.id not in held], {k: v for k, v in splits.items() if k in held}
 
 
 def rl_infill_tasks(records: list[PairRecord], splits: dict[str, InfillSplit],

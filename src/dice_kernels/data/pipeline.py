@@ -16,7 +16,8 @@ from typing import Callable
 from dice_kernels.data import decontam as dc
 from dice_kernels.data.dedupe import DedupeConfig, dedupe
 from dice_kernels.data.filters import FilterConfig, speed_filter
-from dice_kernels.data.format import E2E, INFILL, rl_e2e_tasks, rl_infill_tasks, sft_rows, write_sft, write_table
+from dice_kernels.data.format import (E2E, INFILL, holdout_infill, rl_e2e_tasks, rl_infill_tasks, sft_rows, write_sft,
+                                      write_table)
 from dice_kernels.data.infill import InfillError, InfillSplit, split_program
 from dice_kernels.prompts import SYSTEM_PROMPT
 from dice_kernels.data.records import (FAILED, UNVERIFIED, VERIFIED, Decision, PairRecord, read_decisions,
@@ -54,7 +55,10 @@ class CurationConfig:
     filter: FilterConfig = field(default_factory=FilterConfig)
     dedupe: DedupeConfig = field(default_factory=DedupeConfig)
     decontam: dc.DecontamConfig = field(default_factory=dc.DecontamConfig)
-    sft_kinds: tuple[str, ...] = (E2E, INFILL)
+    sft_kinds: tuple[str, ...] = (E2E, INFILL)  # (E2E,): an SFT set without infilling rows, as CuKe's
+    # fraction of the pairs with an infill split held out of SFT as the RL infilling set (DICE's is a set apart);
+    # 0: every pair in SFT and the infilling tasks cut from the same pairs
+    infill_holdout: float = 0.0
     system_prompt: str | None = SYSTEM_PROMPT
     progress: bool = True
     limit: int | None = None  # first N pairs per source (device time is scarce: ~1 compile per pair)
@@ -206,9 +210,10 @@ def build(cfg: CurationConfig, log: Callable[[str], None] = print) -> dict:
     write_records(out / "split.jsonl", final)
     stages["split"] = StageResult(final, split_decisions, False)
 
-    sft = sft_rows(final, splits, cfg.sft_kinds, cfg.system_prompt)
+    sft_pairs, rl_splits = holdout_infill(final, splits, cfg.infill_holdout)
+    sft = sft_rows(sft_pairs, splits, cfg.sft_kinds, cfg.system_prompt)
     write_sft(sft, out, "sft")
-    infill_tasks = rl_infill_tasks(final, splits, cfg.system_prompt)
+    infill_tasks = rl_infill_tasks(final, rl_splits, cfg.system_prompt)
     write_table(infill_tasks, out, "rl_infill")
     extra = {"sft_rows": {k: sum(r.kind == k for r in sft) for k in cfg.sft_kinds},
              "rl_infill_tasks": len(infill_tasks)}
