@@ -48,6 +48,13 @@ def build(
     keep_unverified: bool = typer.Option(False, help="Let unverified pairs through the filter (CPU dry runs)."),
     near_dup: float = typer.Option(0.85, help="MinHash Jaccard at which two pairs are near-duplicates."),
     overlap: float = typer.Option(0.5, help="Benchmark n-gram containment at which a reference is contaminated."),
+    infill_holdout: float = typer.Option(
+        0.0, min=0.0, max=1.0, help="Share of the pairs with an infill split held out of SFT as the only RL "
+                                    "infilling tasks (DICE's infilling programs are a set apart; 0: infilling "
+                                    "tasks cut from the SFT pairs)."),
+    sft_infill_rows: bool = typer.Option(True, "--sft-infill-rows/--no-sft-infill-rows",
+                                         help="Also write an infilling SFT row per splittable pair (off: "
+                                              "end-to-end rows only, as CuKe)."),
     limit: Optional[int] = typer.Option(None, min=1, help="Only the first N pairs of each source (and of "
                                                           "--rl-programs)."),
     import_results: Optional[list[Path]] = typer.Option(
@@ -65,6 +72,7 @@ def build(
     from dice_kernels.data.decontam import DecontamConfig
     from dice_kernels.data.dedupe import DedupeConfig
     from dice_kernels.data.filters import FilterConfig
+    from dice_kernels.data.format import E2E, INFILL
     from dice_kernels.data.pipeline import CurationConfig, SourceSpec, build as run_build
 
     sources = [SourceSpec("dice_pairs", (str(p),)) for p in dice_pairs or []]
@@ -90,6 +98,7 @@ def build(
         out_dir=out, sources=sources, benchmark=_benchmarks(benchmark), eval=eval_config, rl_programs=rl_programs,
         filter=FilterConfig(min_speedup=min_speedup, min_ref_time_ms=min_ref_ms, keep_unverified=keep_unverified),
         dedupe=DedupeConfig(threshold=near_dup), decontam=DecontamConfig(threshold=overlap),
+        sft_kinds=(E2E, INFILL) if sft_infill_rows else (E2E,), infill_holdout=infill_holdout,
         progress=sys.stdout.isatty() if progress is None else progress, limit=limit, import_results=tuple(import_results or ()))
     console = Console()
     report = run_build(cfg, log=console.log)
