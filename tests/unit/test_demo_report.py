@@ -3,11 +3,12 @@ clusters), and the limits a small run states."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import scale_limits, train_rewards
+from dice_kernels.demo.report import changed_outputs, rl_effort, scale_limits, train_rewards
 
 
 def test_train_rewards_group_a_step_by_task_and_position(tmp_path):
@@ -31,3 +32,31 @@ def test_a_small_cpu_run_states_what_it_cannot_show():
     assert "24 held-out tasks" in limits and "+-20 points" in limits
     assert "e2e_dice" in limits and "bicrl_robust" in limits  # the arms not run
     assert "speed signal" in limits and "no held-out learning curve" in limits and "n_novel" in limits
+
+
+def _results(path: Path, shas: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "results.jsonl").write_text("".join(json.dumps({"task_id": t, "candidate_sha256": h}) + "\n"
+                                                for t, h in shas.items()))
+    return path
+
+
+def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
+    run = tmp_path / "bicrl_robust"
+    run.mkdir()
+    steps = [{"step": 1, "rollouts": 16, "trained_rollouts": 8, "updates": [{"kl": 0.0}]},
+             {"step": 2, "rollouts": 16, "trained_rollouts": 0, "updates": []}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    effort = rl_effort(run)
+    assert effort == {"steps": 2, "rollouts": 32, "trained_rollouts": 8, "updates": 1}
+    assert rl_effort(tmp_path / "missing") is None
+    sft = _results(tmp_path / "sft", {"a": "1", "b": "2", "c": "3"})
+    rl = _results(tmp_path / "rl", {"a": "1", "b": "9", "d": "4"})
+    assert changed_outputs(rl, sft) == (1, 2)  # b changed; a the same; c and d not run by both
+    cfg = DemoConfig(out=Path("x"), rl=RLSection(rows_per_update=256))
+    limits = " | ".join(scale_limits(cfg, {"bicrl_robust": {"rl": effort}}))
+    assert "1 optimizer update(s) in 2 RL steps" in limits and "clip and KL never act" in limits
+    flat = {"steps": 2, "rollouts": 32, "trained_rollouts": 0, "updates": 0}
+    assert "every group was flat" in " | ".join(scale_limits(cfg, {"e2e_robust": {"rl": flat}}))
+    busy = {"steps": 2, "rollouts": 32, "trained_rollouts": 32, "updates": 6}
+    assert not any("optimizer update" in x for x in scale_limits(cfg, {"e2e_robust": {"rl": busy}}))

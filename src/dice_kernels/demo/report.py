@@ -60,6 +60,36 @@ def train_rewards(run_dir: Path, group: int) -> list[tuple[int, Scores]]:
     return sorted(steps.items())
 
 
+def rl_effort(run_dir: Path) -> dict | None:
+    """What an RL run did, from its metrics.jsonl: steps, rollouts, rollouts in groups with reward variance (the only
+    ones with a gradient) and optimizer updates (None before the run has logged a step)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    rows = [r for r in rows if "trained_rollouts" in r]
+    if not rows:
+        return None
+    return {"steps": len(rows), "rollouts": sum(r["rollouts"] for r in rows),
+            "trained_rollouts": sum(r["trained_rollouts"] for r in rows),
+            "updates": sum(len(r.get("updates", [])) for r in rows)}
+
+
+def changed_outputs(run: Path, baseline: Path) -> tuple[int, int] | None:
+    """(tasks whose first output differs from the baseline run's, tasks both ran): how far RL moved the greedy
+    policy, whatever the outcomes."""
+    def first_sha(path: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            out.setdefault(r["task_id"], r["candidate_sha256"])
+        return out
+
+    if not ((run / "results.jsonl").is_file() and (baseline / "results.jsonl").is_file()):
+        return None
+    a, b = first_sha(run / "results.jsonl"), first_sha(baseline / "results.jsonl")
+    shared = set(a) & set(b)
+    return sum(a[t] != b[t] for t in shared), len(shared)
+
+
 def _iv(iv: Interval | None) -> dict | None:
     return None if iv is None else dataclasses.asdict(iv)
 
@@ -78,6 +108,8 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
         r = cfg.rl
         curve.append((r.e2e_steps + (r.infill_steps if ARMS[arm].phase == "schedule" else 0),
                       bench_scores(bench / "heldout")))
+        row["rl"] = rl_effort(cfg.out / arm)
+        row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
     row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
     row["train_reward"] = [{"step": s, "reward": _iv(rate_interval(sc, seed=s))}
                            for s, sc in train_rewards(cfg.out / arm, cfg.rl.group)]
@@ -85,8 +117,10 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
 
 
 def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
-    """Paired differences on the held-out tasks: each RL arm's Exec against SFT, then COMPARISONS' questions."""
-    pairs = [(a, "sft", "exec") for a in arms if a != "sft"] + [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
+    """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 against SFT, then COMPARISONS'
+    questions."""
+    pairs = [(a, "sft", m) for a in arms if a != "sft" for m in ("exec", "fast_1")]
+    pairs += [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
     out = []
     for a, b, measure in pairs:
         sa, sb = (bench_scores(cfg.out / "bench" / x / "heldout") for x in (a, b))
@@ -96,9 +130,20 @@ def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
     return out
 
 
-def scale_limits(cfg: DemoConfig) -> list[str]:
+def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None) -> list[str]:
     """What this run's scale cannot show (stated in the report, not left for the reader to guess)."""
     limits = []
+    for arm, row in (rows or {}).items():
+        effort = row.get("rl")
+        if not effort or effort["updates"] > effort["steps"]:
+            continue
+        did = (f"{arm}: {effort['updates']} optimizer update(s) in {effort['steps']} RL steps "
+               f"({effort['trained_rollouts']} of {effort['rollouts']} rollouts in groups with reward variance)")
+        limits.append(did + (": every group was flat (its rollouts all scored alike), so RL had no gradient"
+                             if not effort["updates"] else
+                             f": a step whose trained rows are fewer than rl.rows_per_update ({cfg.rl.rows_per_update}) "
+                             "takes one update with the PPO ratio at 1, so clip and KL never act and the policy "
+                             "moves by a few optimizer steps in all"))
     if cfg.backend == "cpu":
         limits.append("fast_1 here compares C++ loops with eager PyTorch on small CPU tensors (one thread each): "
                       "how far op-by-op C++ trails the fused loop there is not measured, so the speed signal (the "
@@ -128,7 +173,7 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     report = {"scale": cfg.scale, "backend": cfg.backend,
               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows,
               "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
-              "limits": scale_limits(cfg), "seconds": timings, "gaps": gaps}
+              "limits": scale_limits(cfg, rows), "seconds": timings, "gaps": gaps}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
@@ -136,13 +181,18 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              f"solutions the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
              f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",
-             "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task).", "",
-             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | novel Exec |",
-             "|---|---|---|---|---|---|"]
+             "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task). RL: "
+             "steps / optimizer updates / rollouts with a gradient (in groups with reward variance) of all rollouts; "
+             "changed: held-out tasks whose greedy output differs from SFT's.", "",
+             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | novel Exec | RL | "
+             "changed |", "|---|---|---|---|---|---|---|---|"]
     for a, row in rows.items():
-        h, n = row.get("heldout", {}), row.get("novel", {})
+        h, n, effort, changed = row.get("heldout", {}), row.get("novel", {}), row.get("rl"), row.get("changed_outputs")
+        rl = (f"{effort['steps']} / {effort['updates']} / {effort['trained_rollouts']} of {effort['rollouts']}"
+              if effort else "–")
         lines.append(f"| {row['title']} | {_pct(h.get('exec'))} | {_pct(h.get('fast_1'))} | "
-                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | {_pct(n.get('exec'))} |")
+                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | {_pct(n.get('exec'))} | {rl} | "
+                     f"{f'{changed[0]} of {changed[1]}' if changed else '–'} |")
     lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",
               "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
     for c in cmps:
