@@ -59,7 +59,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dice_kernels.harness.build.in_sandbox import MEMORY_ERROR_PATTERNS  # the same rule as our worker's, so outcomes can agree
+from dice_kernels.harness.compiling.in_sandbox import MEMORY_ERROR_PATTERNS  # the same rule as our worker's, so outcomes can agree
 
 _BUILD_FAILED = "Error building extension"
 _PYTHON_ERRORS = ("AttributeError", "NameError", "ImportError", "ModuleNotFoundError", "SyntaxError")

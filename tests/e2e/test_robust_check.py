@@ -492,8 +492,8 @@ def test_imports_are_charged_to_the_frame_that_imports(tmp_path):
         import importlib.util, sys
         from dice_kernels.harness.robust.integrity import Monitor
         from dice_kernels.harness.process.protocol import CandidatePart
-        from dice_kernels.harness.build import in_sandbox as build_worker
-        lazy = ("dice_kernels.harness.build.speed", "dice_kernels.prompts", "dice_kernels.tasks.loader")
+        from dice_kernels.harness.compiling import in_sandbox as build_worker
+        lazy = ("dice_kernels.harness.compiling.speed", "dice_kernels.prompts", "dice_kernels.tasks.loader")
         assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
         monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r}, CandidatePart("", None, ()))
         monitor.install()
@@ -503,7 +503,7 @@ def test_imports_are_charged_to_the_frame_that_imports(tmp_path):
         def imports():
             return [f.reason for f in monitor.findings() if f.kind.value == "evaluator_access"]
         candidate.build_late(build_worker._note_pch_wait)
-        print("harness:", "dice_kernels.harness.build.speed" in sys.modules, imports())
+        print("harness:", "dice_kernels.harness.compiling.speed" in sys.modules, imports())
         candidate.imports_evaluator()
         candidate.execs_import()
         print("candidate:", imports())

@@ -170,7 +170,7 @@ class SandboxConfig:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """How candidates' extensions are compiled (harness/build/cache.py, build/speed.py)."""
+    """How candidates' extensions are compiled (harness/compiling/cache.py, compiling/speed.py)."""
     SECTION: ClassVar[str] = "build"
     # builds in flight, 1.25 a core: a cold build compiles one unit while its main.cpp waits for the precompiled
     # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
@@ -181,7 +181,7 @@ class BuildConfig:
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
     # core never slow the run workers' trials and timing; 0: same priority
     nice: int = 10
-    # build/speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
+    # compiling/speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
     # retry on the candidate's own sources); neither changes what a candidate's code means
     fast: bool = True
     # build workers started ahead of their job (at `nice`), for the builds that start once the first `jobs` are

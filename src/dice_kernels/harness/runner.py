@@ -1,6 +1,6 @@
 """`Evaluator`, the long-lived evaluator, and its scheduling: `evaluate()` for a batch of (task, candidate) pairs.
 
-Builds run in a thread pool (build/cache.py) while a pool of run threads runs each task's reference
+Builds run in a thread pool (compiling/cache.py) while a pool of run threads runs each task's reference
 (references.py) and the candidates in fresh sandboxed workers (process/pool.py); the parent compares their outputs with
 the reference's as they arrive (compare.py), scores them (score.py) and records each result in the store the
 moment it is known. The evaluator's workers, fork server, build cache, baselines and ceilings serve every batch.
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from dice_kernels import __version__
 from dice_kernels.harness import score
-from dice_kernels.harness.build.cache import Build, BuildCache
+from dice_kernels.harness.compiling.cache import Build, BuildCache
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import TrialJudge
 from dice_kernels.harness.config import EvalConfig

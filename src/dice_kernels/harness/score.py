@@ -17,7 +17,7 @@ from dice_kernels.harness.timing.stats import (TimingSamples, effective_time_ms,
                                                stream_escape, timing_fields)
 
 if TYPE_CHECKING:
-    from dice_kernels.harness.build.cache import Build
+    from dice_kernels.harness.compiling.cache import Build
     from dice_kernels.harness.candidate import Candidate
     from dice_kernels.harness.references import Reference
     from dice_kernels.tasks import Task

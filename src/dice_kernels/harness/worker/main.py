@@ -2,7 +2,7 @@
 
 `python -m dice_kernels.harness.worker.main` imports what it needs, reads its job path from stdin (the parent may
 start it before the job exists), confines itself (sandbox.confine), then runs its job (protocol.py): a `BuildJob`
-builds a candidate's extensions into the build cache (build/in_sandbox.py); a `RunJob` runs the task's `Model`
+builds a candidate's extensions into the build cache (compiling/in_sandbox.py); a `RunJob` runs the task's `Model`
 (`run_reference`) or the candidate's `ModelNew` (`run_candidate`) on seeded inputs, writing `result.json` into
 its private directory and its outputs into a pipe to the parent (tensor_stream). It never sees reference
 outputs: the parent compares.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 # timing binds the clocks it uses at import, before any candidate code could replace them
 from dice_kernels.harness.process import gpu_lock
 from dice_kernels.harness.timing import loop as timing
-from dice_kernels.harness.build.in_sandbox import BuildLog, StageError, build, classify, load_module, patch_extension_loaders
+from dice_kernels.harness.compiling.in_sandbox import BuildLog, StageError, build, classify, load_module, patch_extension_loaders
 from dice_kernels.harness.worker.model_calls import (checked_call, compile_baseline, depends_on_earlier_calls, forward_once,
                                               input_copy_passes, nbytes, speed_of_light_inputs, time_forward)
 from dice_kernels.harness.process.protocol import BuildJob, RunJob, read_job

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dice_kernels.harness.process import gpu_lock
 from dice_kernels.harness.timing import cache_flush, loop as timing, speed_of_light, stats as timing_stats
-from dice_kernels.harness.build.in_sandbox import StageError
+from dice_kernels.harness.compiling.in_sandbox import StageError
 from dice_kernels.harness.process.protocol import RunJob
 from dice_kernels.harness.worker.trial_inputs import copy_into, trial_inputs
 
