@@ -1,4 +1,4 @@
-"""What the CUDA unit of a `load_inline` build costs with each header mode of harness/build_speed.py (issue 5).
+"""What the CUDA unit of a `load_inline` build costs with each header mode of harness/compiling/speed.py (issue 5).
 
 For the first --n kernels of a corpus (DICE pairs' `cuda_code`, or the leaderboard's `code`), a child process
 runs the solution's module code with `load_inline` patched to record its arguments (the kernel's own sources
@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from dice_kernels.harness.light_headers import lean_cuda_arguments, light_cuda_sources  # noqa: E402
+from dice_kernels.harness.compiling.light_headers import lean_cuda_arguments, light_cuda_sources  # noqa: E402
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"
 EXAMPLES = REPO / "src" / "dice_kernels" / "examples" / "solutions" / "cuda" / "level1"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dice_kernels.harness import compare
-from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.robust.degenerate import degenerate_flags
 
 BASELINE_CHUNK = 1 << 24
 

@@ -103,7 +103,7 @@ import torch  # noqa: E402
 import kernelbench_style as kbs  # noqa: E402 - benchmarks/ is on sys.path when this file runs as a script
 from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult, SchedulerConfig,  # noqa: E402
                                   candidate_from_text, evaluate)
-from dice_kernels.harness.platform import Platform  # noqa: E402
+from dice_kernels.harness.timing.platform import Platform  # noqa: E402
 from dice_kernels.report.eval_report import seconds_by_phase  # noqa: E402
 from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E402
 

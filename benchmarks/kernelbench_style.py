@@ -59,7 +59,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dice_kernels.harness.build_worker import MEMORY_ERROR_PATTERNS  # the same rule as our worker's, so outcomes can agree
+from dice_kernels.harness.compiling.in_sandbox import MEMORY_ERROR_PATTERNS  # the same rule as our worker's, so outcomes can agree
 
 _BUILD_FAILED = "Error building extension"
 _PYTHON_ERRORS = ("AttributeError", "NameError", "ImportError", "ModuleNotFoundError", "SyntaxError")
@@ -600,7 +600,7 @@ def rate_per_min(run: KBRun) -> float:
 
 def kernelbench_style_ms(call: Callable[..., Any], inputs: Sequence[Any], trials: int = 100, warmup: int = 3,
                          device: str = "cuda") -> float:
-    """KernelBench's timing protocol, for comparison with ours (harness/timing.py): the mean of `trials` per-call
+    """KernelBench's timing protocol, for comparison with ours (harness/timing/loop.py): the mean of `trials` per-call
     times on one fixed input set, no flush, CUDA events on the default stream with a synchronize after each
     (CPU: `perf_counter`)."""
     import numpy as np

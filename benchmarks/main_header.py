@@ -1,5 +1,5 @@
 """What `main.cpp` of a `load_inline` build costs against torch's precompiled `torch/extension.h` and against the
-light one (harness/build_speed.py; issue 5), and what building each header costs.
+light one (harness/compiling/speed.py; issue 5), and what building each header costs.
 
 For the first --n DICE pairs whose cpp_sources only declare functions (`light_headers.declarations_only`: the
 builds that take the light header), a child process records the solution's `load_inline` arguments; this
@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from build_headers import DEFAULT_PAIRS, EXAMPLES, SMOKE_SOLUTIONS, capture_arguments  # noqa: E402 - a script's dir
-from dice_kernels.harness.build_speed import build_pch, pch_file, plan_pch  # noqa: E402
-from dice_kernels.harness.light_headers import declarations_only  # noqa: E402
+from dice_kernels.harness.compiling.speed import build_pch, pch_file, plan_pch  # noqa: E402
+from dice_kernels.harness.compiling.light_headers import declarations_only  # noqa: E402
 
 
 def main_unit_text(arguments: dict) -> str:

@@ -41,7 +41,7 @@ def _since(t0: tuple[float, float]) -> dict:
 def _profiler(which: str, device: str):
     """`torch`: torch.profiler.profile, as the harness used it before; `ours`: the harness's profiler now."""
     if which == "ours":
-        from dice_kernels.harness.integrity import _cuda_profiler
+        from dice_kernels.harness.robust.integrity import _cuda_profiler
 
         return _cuda_profiler()
     from torch.profiler import ProfilerActivity, profile

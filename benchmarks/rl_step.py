@@ -3,7 +3,7 @@
     python benchmarks/rl_step.py --tokenizer DIR --tasks tasks.jsonl --out rl_step.json   # GPU: 1.7B shape
     python benchmarks/rl_step.py --smoke --out /tmp/rl.json          # CPU check: tiny model, the examples, seconds
 
-Part 1, the trainer's step (`train/rl.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
+Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
 4 steps), their rewards, the TraceRL update; seconds per phase and peak GPU memory. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
@@ -36,12 +36,13 @@ EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
 
 
 def _train_step(args, out_dir: Path, rewards) -> dict:
-    from dice_kernels.train.checkpointing import build_model, load_tokenizer_for
+    from dice_kernels.train.model_setup import build_model, load_tokenizer_for
     from dice_kernels.train.config import ModelSection, OptimConfig, ParallelConfig
-    from dice_kernels.train.curriculum import load_task_set
+    from dice_kernels.train.rl.curriculum import load_task_set
     from dice_kernels.train.distributed import attention_backend, init_distributed, param_dtype
     from dice_kernels.train.optim import build_optimizer
-    from dice_kernels.train.rl import PolicySnapshot, RLStep, RolloutConfig, UpdateConfig
+    from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+    from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
 
     dist = init_distributed()
     t0 = time.monotonic()
@@ -180,7 +181,7 @@ def main() -> None:
         args.tokenizer = args.tokenizer or _example_tokenizer(work / "tokenizer")
     if not args.tokenizer or not args.tasks:
         p.error("--tokenizer and --tasks are needed (or --smoke)")
-    from dice_kernels.train.reward import RewardConfig, RewardService
+    from dice_kernels.train.rl.reward import RewardConfig, RewardService
 
     backend = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     cfg = RewardConfig(backend=backend, cache_dir=args.cache_dir or str(work / "cache"))

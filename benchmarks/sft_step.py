@@ -22,7 +22,7 @@ import torch
 from dice_kernels.model import SDAR_SHAPES, BlockDiffusionLM, Layout, ModelConfig
 from dice_kernels.model.attention import block_diffusion_mask_mod, dense_mask
 from dice_kernels.train.flops import ForwardWork, forward_flops
-from dice_kernels.train.objective import corrupt, pack, sft_loss
+from dice_kernels.train.sft.objective import corrupt, pack, sft_loss
 
 TARGET_MFU = 0.40
 

@@ -87,7 +87,7 @@ def run_trainer(name: str, shape: str, tokens: int, rows: int, steps: int, ac: b
 def summarize(run: dict, warmup: int, peak: float, smoke: bool) -> dict:
     from dice_kernels.model import SDAR_SHAPES
     from dice_kernels.model.config import tiny_config
-    from dice_kernels.train.objective import pack
+    from dice_kernels.train.sft.objective import pack
     from dice_kernels.train.plan import memory_plan
 
     if "error" in run:

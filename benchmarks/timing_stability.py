@@ -1,4 +1,4 @@
-"""Timing stability: our protocol (harness/timing.py) vs a KernelBench-style timer, on real DICE pairs (issue 4).
+"""Timing stability: our protocol (harness/timing/loop.py) vs a KernelBench-style timer, on real DICE pairs (issue 4).
 
 For each of N correct DICE pairs, K separate processes each time the reference `Model` and the candidate
 `ModelNew` with both protocols; the parent reports, per protocol, the median and worst max/min ratio of the K
@@ -36,9 +36,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # also runs from a checkout where the package is not installed
 
-from dice_kernels.harness import cache_flush as F  # noqa: E402
-from dice_kernels.harness import timing as T  # noqa: E402
-from dice_kernels.harness import timing_stats  # noqa: E402
+from dice_kernels.harness.timing import cache_flush as F  # noqa: E402
+from dice_kernels.harness.timing import loop as T  # noqa: E402
+from dice_kernels.harness.timing import stats as timing_stats  # noqa: E402
 from kernelbench_style import kernelbench_style_ms  # noqa: E402 - beside this script
 
 DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "corpora" / "dice_infill_eval_99.json"

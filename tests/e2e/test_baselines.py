@@ -1,4 +1,4 @@
-"""Reference baselines cached across runs (harness/baselines.py): measured once per task, machine and timing
+"""Reference baselines cached across runs (harness/timing/baselines.py): measured once per task, machine and timing
 settings, reused by later runs without weakening the re-check of the candidate's timing-loop outputs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from dice_kernels.harness import (BuildConfig, EvalConfig, Evaluator, Outcome, SandboxConfig, TimingConfig,
                                   candidate_from_text, evaluate)
-from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
+from dice_kernels.harness.timing.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.outcomes import DeceptiveKind
 
 MACHINE = "cpu|Some CPU (2 cores)|torch 2.13.0"

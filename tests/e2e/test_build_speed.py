@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
-from dice_kernels.harness.build_speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
+from dice_kernels.harness.compiling.speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
                                               pch_file, pch_variants, pch_wait_environment, plan_pch, planned_pch,
                                               read_pch_wait, reporting_nvcc)
-from dice_kernels.harness.light_headers import (declarations_only, lean_aten_headers, light_cuda_sources,
+from dice_kernels.harness.compiling.light_headers import (declarations_only, lean_aten_headers, light_cuda_sources,
                                                 light_extension_header)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
@@ -108,7 +108,7 @@ inline Tensor var(const Tensor& self, int dim) { return at::var(self, IntArrayRe
 
 
 def test_lean_umbrella_keeps_the_named_operators_and_those_its_own_code_names():
-    from dice_kernels.harness.light_headers import _OPS_INCLUDE, lean_umbrella
+    from dice_kernels.harness.compiling.light_headers import _OPS_INCLUDE, lean_umbrella
 
     lean = lean_umbrella(UMBRELLA, _OPS_INCLUDE["Functions.h"], {"relu", "x"})
     assert "#include <ATen/ops/relu.h>" in lean  # named by the sources
@@ -163,13 +163,13 @@ def _header_dir(root: Path, ready: bool = True) -> Path:
 
 
 def _build_job(**kw):
-    from dice_kernels.harness.protocol import BuildJob
+    from dice_kernels.harness.process.protocol import BuildJob
 
     return BuildJob(workdir="", device="cuda", limits={}, candidate_path="", build_dir="", **kw)
 
 
 def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
-    from dice_kernels.harness.build_worker import BuildLog, _build_attempts
+    from dice_kernels.harness.compiling.in_sandbox import BuildLog, _build_attempts
 
     full, light = _header_dir(tmp_path / "full"), _header_dir(tmp_path / "light")
     job = _build_job(light_headers=True, pch={"[]": str(full)}, pch_light={"[]": str(light)})
@@ -199,7 +199,7 @@ def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
 
 
 def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
-    from dice_kernels.harness.build_worker import BuildLog, _build_attempts
+    from dice_kernels.harness.compiling.in_sandbox import BuildLog, _build_attempts
 
     monkeypatch.setenv("PYTORCH_NVCC", "nvcc")  # the nvcc torch would run, whether or not this machine has one
 

@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from conftest import EXAMPLES
-from dice_kernels.harness import BuildConfig, EvalConfig, SchedulerConfig, candidate_from_text, evaluate, sandbox
-from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
-from dice_kernels.harness.platform import Platform
+from dice_kernels.harness import BuildConfig, EvalConfig, SchedulerConfig, candidate_from_text, evaluate
+from dice_kernels.harness.process import sandbox
+from dice_kernels.harness.process.forkserver import ForkedProcess, ForkServer, ForkServerDown
+from dice_kernels.harness.timing.platform import Platform
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
 
@@ -115,7 +116,7 @@ def test_a_server_whose_imports_fail_says_why(tmp_path):
 
 
 def _threads_after_import(env: dict[str, str]) -> int:
-    code = "import os, dice_kernels.harness.worker; print(len(os.listdir('/proc/self/task')))"
+    code = "import os, dice_kernels.harness.worker.main; print(len(os.listdir('/proc/self/task')))"
     return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                               check=True).stdout)
 

@@ -1,4 +1,4 @@
-"""The device lock between concurrent run workers (harness/gpu_lock.py): correctness calls share the device,
+"""The device lock between concurrent run workers (harness/process/gpu_lock.py): correctness calls share the device,
 a timing loop waits for them and holds new ones back, and nobody waits forever behind a hung holder; every
 evaluation on one device takes the same lock. Real processes, real flocks."""
 
@@ -10,14 +10,14 @@ import subprocess
 import sys
 import time
 
-from dice_kernels.harness import gpu_lock
+from dice_kernels.harness.process import gpu_lock
 from dice_kernels.harness.config import EvalConfig, SchedulerConfig
-from dice_kernels.harness.platform import Platform, device_lock_key
+from dice_kernels.harness.timing.platform import Platform, device_lock_key
 from dice_kernels.harness.runner import Evaluator
 
 HOLD = """
 import sys
-from dice_kernels.harness import gpu_lock
+from dice_kernels.harness.process import gpu_lock
 with gpu_lock.{kind}(sys.argv[1]) as held:
     print("held" if held else "not held", flush=True)
     sys.stdin.readline()  # until the test says release

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
-from dice_kernels.harness.platform import Platform
+from dice_kernels.harness.timing.platform import Platform
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +75,7 @@ def test_light_cuda_header_is_used_and_falls_back_when_the_kernel_needs_the_full
 def test_inputs_are_generated_on_the_gpu_and_on_the_cpu_where_get_inputs_needs_it():
     from types import ModuleType, SimpleNamespace
 
-    from dice_kernels.harness.trial_inputs import _generated_inputs
+    from dice_kernels.harness.worker.trial_inputs import _generated_inputs
 
     task = ModuleType("task")
     exec("import torch\n"

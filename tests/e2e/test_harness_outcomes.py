@@ -191,8 +191,8 @@ def test_the_worker_always_gets_a_verdict_even_on_unreadable_outputs():
     import torch
 
     from dice_kernels.harness.compare import TrialJudge
-    from dice_kernels.harness.workers import OutputLimits, _read_outputs
-    from dice_kernels.harness.tensor_stream import StreamError, write_trials
+    from dice_kernels.harness.process.pool import OutputLimits, _read_outputs
+    from dice_kernels.harness.process.tensor_stream import StreamError, write_trials
 
     reference = [[torch.ones(3)], [torch.ones(3)]]
     said = []
@@ -274,7 +274,7 @@ def test_outputs_the_parent_has_no_memory_for_fail_with_a_clear_error(tmp_path, 
     """On a machine about to run out of memory, a worker's outputs are refused before they are allocated (the
     OOM killer would take the parent and every worker in flight): here the reference's, so every candidate of
     the task is a harness error that says which limit."""
-    from dice_kernels.harness import sandbox
+    from dice_kernels.harness.process import sandbox
     from dice_kernels.tasks import task_from_code
 
     monkeypatch.setattr(sandbox, "available_memory_bytes", lambda: (2 << 30) + (1 << 20))  # 1 MiB above reserve
@@ -334,7 +334,7 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
     """A transient failure of the trusted Model (on the H200, CUDA initialisation failing once) costs one more
     reference run, not a harness error for every candidate of the task; a task that fails every time is still
     reported broken."""
-    from dice_kernels.harness import workers
+    from dice_kernels.harness.process import pool as workers
     from dice_kernels.tasks import task_from_code
 
     marker = tmp_path / "fail-once"
@@ -365,7 +365,7 @@ def test_a_reference_that_fails_once_is_run_again_before_the_task_is_called_brok
 
 
 def test_output_ledger_admits_what_fits_and_anything_when_alone():
-    from dice_kernels.harness.host_memory import OutputLedger, task_need_bytes
+    from dice_kernels.harness.process.host_memory import OutputLedger, task_need_bytes
 
     ledger = OutputLedger(budget=100)
     assert ledger.reserve("a", 150)  # nothing else held: admitted however large (the machine's limit decides)
@@ -441,7 +441,7 @@ def test_get_inputs_runs_with_the_device_as_default_and_falls_back_to_the_cpu():
 
     import torch
 
-    from dice_kernels.harness.trial_inputs import _generated_inputs
+    from dice_kernels.harness.worker.trial_inputs import _generated_inputs
 
     task = ModuleType("task")
     exec("import torch\n"

@@ -12,8 +12,9 @@ import torch
 from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.sampling.decoder import SamplingConfig, decode
-from dice_kernels.train.rl import RLStep, RolloutConfig, UpdateConfig
-from dice_kernels.train.tracerl import Trajectory, denoising_rows, replay_batch, token_logprobs
+from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+from dice_kernels.train.rl.trainer import RLStep
+from dice_kernels.train.rl.tracerl import Trajectory, denoising_rows, replay_batch, token_logprobs
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 ADVANTAGES = [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0]

@@ -17,10 +17,11 @@ from conftest import EXAMPLES
 from model_fixtures import tiny_model
 
 from dice_kernels.data.infill import split_program
-from dice_kernels.train.curriculum import Curriculum, RLTask
-from dice_kernels.train.reward import RewardConfig, RewardService
-from dice_kernels.train.rl import PolicySnapshot, RLStep, RolloutConfig, UpdateConfig
-from dice_kernels.train.rollout import infill_core, response_candidate, rollout_prompt
+from dice_kernels.train.rl.curriculum import Curriculum, RLTask
+from dice_kernels.train.rl.reward import RewardConfig, RewardService
+from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
+from dice_kernels.train.rl.rollout import infill_core, response_candidate, rollout_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 SOLUTION = EXAMPLES / "solutions" / "cpu" / "level1" / "19_ReLU" / "correct.py"

@@ -1,4 +1,4 @@
-"""The Ray reward fan-out (train/reward_fanout.py) scores like the single-process reward service: real C++ builds and
+"""The Ray reward fan-out (train/rl/reward_fanout.py) scores like the single-process reward service: real C++ builds and
 runs on the CPU backend, two Ray actors, results and SQLite rows in input order."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from dice_kernels.harness.store import ResultStore
-from dice_kernels.train.reward import RewardConfig, RewardService
-from dice_kernels.train.reward_fanout import shard_by_task
+from dice_kernels.train.rl.reward import RewardConfig, RewardService
+from dice_kernels.train.rl.reward_fanout import shard_by_task
 
 
 def test_shards_keep_each_task_together_largest_first():

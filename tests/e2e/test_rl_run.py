@@ -87,8 +87,9 @@ from dice_kernels.sampling.decoder import SamplingConfig, decode
 from dice_kernels.train.config import OptimConfig, ParallelConfig
 from dice_kernels.train.distributed import init_distributed, parallelize, shutdown
 from dice_kernels.train.optim import build_optimizer
-from dice_kernels.train.rl import RLStep, RolloutConfig, UpdateConfig
-from dice_kernels.train.tracerl import Trajectory
+from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+from dice_kernels.train.rl.trainer import RLStep
+from dice_kernels.train.rl.tracerl import Trajectory
 
 dist = init_distributed("cpu")
 model = tiny_model(0)

@@ -16,7 +16,7 @@ import torch
 
 from dice_kernels.harness import (BuildConfig, EvalConfig, Outcome, SandboxConfig, TimingConfig, candidate_from_text,
                                   evaluate, load_candidate)
-from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.robust.degenerate import degenerate_flags
 from dice_kernels.harness.metrics import compute
 from dice_kernels.harness.outcomes import DeceptiveKind as K
 from dice_kernels.harness.outcomes import ExtensionUse, RobustCheck
@@ -403,8 +403,8 @@ def test_op_recording_and_the_profiler_do_not_import_dynamo():
 
     code = textwrap.dedent("""
         import sys, torch
-        from dice_kernels.harness.integrity import Monitor
-        from dice_kernels.harness.protocol import CandidatePart
+        from dice_kernels.harness.robust.integrity import Monitor
+        from dice_kernels.harness.process.protocol import CandidatePart
         monitor = Monitor("cpu", "candidate.py", ".", CandidatePart("", None, ("aten::empty",)))
         with monitor.forward([torch.ones(3)], None):
             torch.ones(3) + 1
@@ -418,7 +418,7 @@ def test_op_recording_and_the_profiler_do_not_import_dynamo():
 
 
 def test_gpu_time_is_attributed_to_extension_windows_by_overlap():
-    from dice_kernels.harness.integrity import time_in_windows
+    from dice_kernels.harness.robust.integrity import time_in_windows
 
     kernels = [(0.0, 10.0), (20.0, 30.0), (40.0, 41.0)]
     assert time_in_windows(kernels, [(5.0, 25.0)]) == 10.0  # half of each of the first two
@@ -445,8 +445,8 @@ def test_file_reads_python_or_the_harness_make_for_the_candidate_are_not_finding
     (tmp_path / "replay.bin").write_text("cached outputs")
     code = textwrap.dedent(f"""
         import importlib.util, sys, warnings, torch
-        from dice_kernels.harness.integrity import Monitor
-        from dice_kernels.harness.protocol import CandidatePart
+        from dice_kernels.harness.robust.integrity import Monitor
+        from dice_kernels.harness.process.protocol import CandidatePart
         warnings.simplefilter("always")
         monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r},
                           CandidatePart("", None, ("aten::add",)))
@@ -490,10 +490,10 @@ def test_imports_are_charged_to_the_frame_that_imports(tmp_path):
     """))
     code = textwrap.dedent(f"""
         import importlib.util, sys
-        from dice_kernels.harness.integrity import Monitor
-        from dice_kernels.harness.protocol import CandidatePart
-        from dice_kernels.harness import build_worker
-        lazy = ("dice_kernels.harness.build_speed", "dice_kernels.prompts", "dice_kernels.tasks.loader")
+        from dice_kernels.harness.robust.integrity import Monitor
+        from dice_kernels.harness.process.protocol import CandidatePart
+        from dice_kernels.harness.compiling import in_sandbox as build_worker
+        lazy = ("dice_kernels.harness.compiling.speed", "dice_kernels.prompts", "dice_kernels.tasks.loader")
         assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
         monitor = Monitor("cpu", {str(tmp_path / 'candidate.py')!r}, {str(tmp_path)!r}, CandidatePart("", None, ()))
         monitor.install()
@@ -503,7 +503,7 @@ def test_imports_are_charged_to_the_frame_that_imports(tmp_path):
         def imports():
             return [f.reason for f in monitor.findings() if f.kind.value == "evaluator_access"]
         candidate.build_late(build_worker._note_pch_wait)
-        print("harness:", "dice_kernels.harness.build_speed" in sys.modules, imports())
+        print("harness:", "dice_kernels.harness.compiling.speed" in sys.modules, imports())
         candidate.imports_evaluator()
         candidate.execs_import()
         print("candidate:", imports())

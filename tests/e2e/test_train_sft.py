@@ -18,10 +18,10 @@ import torch
 from typer.testing import CliRunner
 
 from dice_kernels.cli import app
-from dice_kernels.train import config as config_io
+from dice_kernels import config_io
 from dice_kernels.train.config import OptimConfig
 from dice_kernels.train.metrics import read_metrics
-from dice_kernels.train.sft import SFTConfig, run_sft
+from dice_kernels.train.sft.trainer import SFTConfig, run_sft
 from model_fixtures import save_tiny_checkpoint, save_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,8 +146,8 @@ def test_packed_samples_never_see_each_other(workdir):
     boundaries erased (one doc per row) they do, so the check can fail."""
     from dataclasses import replace
 
-    from dice_kernels.train.checkpointing import model_config, load_tokenizer_for
-    from dice_kernels.train.objective import corrupt, noisy_hidden_states, pack
+    from dice_kernels.train.model_setup import model_config, load_tokenizer_for
+    from dice_kernels.train.sft.objective import corrupt, noisy_hidden_states, pack
     from model_fixtures import tiny_model
 
     cfg = _config(workdir, workdir / "unused")
@@ -267,7 +267,7 @@ def test_config_overrides_round_trip_and_shipped_configs(workdir, tmp_path):
 
 def test_cutoff_counts_and_epoch_shuffles(workdir):
     from dice_kernels.model.tokenizer import load_tokenizer
-    from dice_kernels.train.sft_data import SFTData, SFTDataConfig, tokenize
+    from dice_kernels.train.sft.data import SFTData, SFTDataConfig, tokenize
 
     tok = load_tokenizer(workdir / "tok")
     rows = _rows(6) + [{"prompt": "hello world", "response": "import torch " * 20}]

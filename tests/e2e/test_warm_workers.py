@@ -11,9 +11,10 @@ import pytest
 
 from conftest import EXAMPLES
 from dice_kernels.harness import (BuildConfig, EvalConfig, SchedulerConfig, TimingConfig, candidate_from_text,
-                                  evaluate, sandbox)
-from dice_kernels.harness.platform import Platform
+                                  evaluate)
+from dice_kernels.harness.process import sandbox
 from dice_kernels.harness.runner import Evaluator
+from dice_kernels.harness.timing.platform import Platform
 from dice_kernels.tasks import load_task_file
 
 
@@ -106,7 +107,7 @@ def test_a_batch_builds_up_to_jobs_at_once(tmp_path, jobs):
 
 @pytest.mark.parametrize("memory, gib", [("143771", 140.4), ("[N/A]", 0.0)])
 def test_the_gpu_is_read_from_nvidia_smi(tmp_path, monkeypatch, memory, gib):
-    from dice_kernels.harness import platform
+    from dice_kernels.harness.timing import platform
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\necho 'NVIDIA H200, 9.0, {memory}'\n")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dice_kernels.harness import compare
-from dice_kernels.harness.degenerate import degenerate_flags
+from dice_kernels.harness.robust.degenerate import degenerate_flags
 from dice_kernels.harness.outcomes import Outcome
 
 

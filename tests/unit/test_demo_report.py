@@ -12,7 +12,7 @@ from dice_kernels.demo.report import changed_outputs, rl_effort, scale_limits, t
 
 
 def test_train_rewards_group_a_step_by_task_and_position(tmp_path):
-    with sqlite3.connect(tmp_path / "rewards.sqlite") as db:  # the schema train/reward.py's RewardService writes
+    with sqlite3.connect(tmp_path / "rewards.sqlite") as db:  # the schema train/rl/reward.py's RewardService writes
         db.execute("CREATE TABLE rewards (step INTEGER, rollout INTEGER, task_id TEXT, candidate_id TEXT, "
                    "candidate_sha256 TEXT, outcome TEXT, deceptive_kind TEXT, reward REAL, speedup REAL, "
                    "speedup_ci95 TEXT, error TEXT, PRIMARY KEY (step, rollout))")

@@ -7,7 +7,7 @@ import torch
 
 from dice_kernels.model import ModelConfig, dense_mask
 from dice_kernels.train.flops import ForwardWork, forward_flops, replay_work, update_flops
-from dice_kernels.train.tracerl import Trajectory, replay_batch
+from dice_kernels.train.rl.tracerl import Trajectory, replay_batch
 
 BLOCK, MASK, PAD = 4, 31, 0
 # prompt at positions 0-1; block 0 unmasks positions 2, 3 at steps 0, 1; block 1 positions 4-7 at steps 0, 0, 1, 1

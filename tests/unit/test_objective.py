@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dense_mask
-from dice_kernels.train.objective import MIN_MASK_PROB, corrupt, noisy_hidden_states, pack, sft_loss
+from dice_kernels.train.sft.objective import MIN_MASK_PROB, corrupt, noisy_hidden_states, pack, sft_loss
 
 BLOCK, PAD, MASK = 4, 0, VOCAB - 1
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU

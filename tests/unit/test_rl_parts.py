@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import EXAMPLES
 
-from dice_kernels.train.advantages import group_advantages
-from dice_kernels.train.curriculum import Curriculum, RLTask, load_task_set
+from dice_kernels.train.rl.advantages import group_advantages
+from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 
 
 def test_advantages_are_per_group_z_scores_with_population_std_and_flat_groups_dropped():
@@ -29,7 +29,7 @@ def _tasks(levels):
 def test_sequential_curriculum_goes_easy_to_hard_wraps_and_resumes():
     tasks = load_task_set(EXAMPLES / "tasks", "e2e")
     assert [t.id for t in tasks] == ["L1/19", "L1/90"]
-    from dice_kernels.train.curriculum import by_level
+    from dice_kernels.train.rl.curriculum import by_level
 
     ordered = by_level(_tasks([3, 1, None, 2, 1]))
     assert [t.id for t in ordered] == ["t1", "t4", "t3", "t0", "t2"]  # stable within a level, unknown last
@@ -60,7 +60,7 @@ def test_rewards_binary_and_speed_aware():
 
     from dice_kernels.harness import EvalResult, Outcome
     from dice_kernels.harness.outcomes import Timing
-    from dice_kernels.train.reward import RewardConfig, reward_of
+    from dice_kernels.train.rl.reward import RewardConfig, reward_of
 
     def result(outcome, ci=None, flags=None, kind=""):
         timing = Timing(speedup_ci95=ci, flags=flags or []) if ci or flags else None
@@ -88,7 +88,7 @@ def test_rewards_binary_and_speed_aware():
     assert (dice.trials, dice.robust.enabled, dice.atol, dice.rtol) == (1, False, 1e-2, 1e-2)
     ours = RewardConfig(trials=5).eval_config()
     assert (ours.trials, ours.robust.enabled) == (5, True)
-    from dice_kernels.train.config import ConfigError
+    from dice_kernels.config_io import ConfigError
 
     for bad in (dict(rule="naive"), dict(partial_credit=1.5)):
         with pytest.raises(ConfigError, match="reward.rule|reward.partial_credit"):
@@ -99,8 +99,8 @@ def test_rewards_binary_and_speed_aware():
 def test_shipped_dice_configs_use_dices_update_and_say_their_reward(name):
     """Issue 41: DICE's update (one optimizer step per 256 replayed rows, a fresh AdamW each RL step), our robust
     reward with partial replacement paid, and phase 1 handed to phase 2 in fp32."""
-    from dice_kernels.train import config as config_io
-    from dice_kernels.train.rl import RLConfig
+    from dice_kernels import config_io
+    from dice_kernels.train.rl.config import RLConfig
 
     cfg = config_io.load(RLConfig, config_io.config_path("rl", name))
     assert (cfg.update.rows_per_update, cfg.update.reset_optimizer) == (256, True)

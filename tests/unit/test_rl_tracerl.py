@@ -11,8 +11,8 @@ from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dense_mask
 from dice_kernels.sampling.decoder import SamplingConfig, decode
-from dice_kernels.train.tracerl import (Trajectory, policy_loss, replay_batch, replay_length, row_of_scored,
-                                        token_logprobs)
+from dice_kernels.train.rl.tracerl import (Trajectory, policy_loss, replay_batch, replay_length, row_of_scored,
+                                           token_logprobs)
 
 BLOCK, MASK, PAD = 4, VOCAB - 1, 0
 STOPS = list(range(40, 90))  # many stop ids, so some rows stop inside a block and some run to the limit

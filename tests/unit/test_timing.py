@@ -1,4 +1,4 @@
-"""The timing protocol's building blocks (harness/timing.py): adaptive stopping, input rotation, escape detection,
+"""The timing protocol's building blocks (harness/timing/loop.py): adaptive stopping, input rotation, escape detection,
 bootstrap intervals, speed-of-light arithmetic. CPU tests are fast; the CUDA paths are marked gpu."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from dice_kernels.harness import speed_of_light, timing_stats
-from dice_kernels.harness import cache_flush as F
-from dice_kernels.harness import timing as T
+from dice_kernels.harness.timing import speed_of_light, stats as timing_stats
+from dice_kernels.harness.timing import cache_flush as F
+from dice_kernels.harness.timing import loop as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import kernelbench_style  # noqa: E402 - the KernelBench-style evaluator's timer, for comparison

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from dice_kernels.data.records import FAILED, UNVERIFIED, VERIFIED, PairRecord, Verification
-from dice_kernels.harness.build_cache import cuda_marker
+from dice_kernels.harness.compiling.cache import cuda_marker
 
 STAGE = "verify"
 # A kernel program must build an extension; one that never does is PyTorch rewritten, not a kernel pair.

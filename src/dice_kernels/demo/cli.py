@@ -32,7 +32,7 @@ def demo(
     """
     from dice_kernels.demo.config import load_config
     from dice_kernels.demo.run import run_demo
-    from dice_kernels.train.config import ConfigError
+    from dice_kernels.config_io import ConfigError
 
     try:
         cfg = load_config(scale, out, set_ or [], progress)

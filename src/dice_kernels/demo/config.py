@@ -146,7 +146,7 @@ def preset(scale: str, out: Path) -> DemoConfig:
 
 def load_config(scale: str, out: Path, overrides: list[str], progress: bool = True) -> DemoConfig:
     """The scale's preset with `--set key=value` overrides (an unknown key is an error that names it)."""
-    from dice_kernels.train.config import apply_override, from_dict, to_dict
+    from dice_kernels.config_io import apply_override, from_dict, to_dict
 
     if scale not in SCALES:
         raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")

@@ -113,8 +113,8 @@ def new_tokens(cfg: DemoConfig, files: WorldFiles) -> int:
 
 def stage_sft(cfg: DemoConfig, files: WorldFiles, init: Path, tokenizer_dir: Path) -> Path:
     from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection, OptimConfig
-    from dice_kernels.train.sft import SFTConfig, SFTLoopConfig, run_sft
-    from dice_kernels.train.sft_data import SFTDataConfig
+    from dice_kernels.train.sft.trainer import SFTConfig, SFTLoopConfig, run_sft
+    from dice_kernels.train.sft.data import SFTDataConfig
 
     out = cfg.out / "sft"
     if (out / "final" / "config.json").is_file():
@@ -158,8 +158,9 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
     """One RL arm from the SFT checkpoint: end-to-end RL only, or the infilling phase first, then the same
     end-to-end steps (DICE's schedule); rewarded by DICE's rule or ours (demo/config.py's ARMS)."""
     from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection, OptimConfig
-    from dice_kernels.train.reward import RewardConfig
-    from dice_kernels.train.rl import RLConfig, RLLoopConfig, RLTasksConfig, RolloutConfig, UpdateConfig, run_rl
+    from dice_kernels.train.rl.reward import RewardConfig
+    from dice_kernels.train.rl.config import RLConfig, RLLoopConfig, RLTasksConfig, RolloutConfig, UpdateConfig
+    from dice_kernels.train.rl.trainer import run_rl
 
     out = cfg.out / arm
     if (out / "final" / "config.json").is_file():
@@ -232,7 +233,7 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     if w.n_valid:
         timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks,
                     cfg.out / "bench" / "sft" / "valid")
-    why = _missing("dice_kernels.train.rl")
+    why = _missing("dice_kernels.train.rl.trainer")
     report: dict = {}
     for arm in cfg.arms:  # each arm is benchmarked as soon as it is trained, so a stopped demo has its finished arms
         if arm != "sft" and why:

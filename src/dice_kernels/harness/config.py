@@ -88,7 +88,7 @@ def _within_machine(section: object, name: str) -> None:
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How correct candidates and references are timed (harness/timing.py, docs/timing.md): at least `iters` timed
+    """How correct candidates and references are timed (harness/timing/loop.py, docs/timing.md): at least `iters` timed
     calls and 0.1 s, then until the median's 95% CI is within `target_ci` of it, never past `max_s` per model."""
     SECTION: ClassVar[str] = "timing"
     enabled: bool = True  # measure candidate and reference runtime for correct candidates
@@ -110,7 +110,7 @@ class TimingConfig:
     speed_of_light: str = "cuda"
     sol_slack: float = 0.9
     # reference baselines (eager and torch.compile timings, speed-of-light inputs) cached across runs per task,
-    # machine, torch version and timing settings in <cache_dir>/baselines.sqlite (harness/baselines.py):
+    # machine, torch version and timing settings in <cache_dir>/baselines.sqlite (harness/timing/baselines.py):
     # "reuse" a cached one (the reference still runs, untimed, for its outputs) or measure and cache it; "fresh":
     # measure again and replace the cached one; "off": measure, cache nothing
     baselines: str = "reuse"
@@ -140,7 +140,7 @@ class TimingConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """The limits every worker runs under (harness/sandbox.py): wall clock, host memory, file size, network and
+    """The limits every worker runs under (harness/process/sandbox.py): wall clock, host memory, file size, network and
     writes outside its own directories."""
     SECTION: ClassVar[str] = "sandbox"
     run_timeout_s: float = 300.0  # wall clock for one candidate's correctness + timing run
@@ -170,7 +170,7 @@ class SandboxConfig:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """How candidates' extensions are compiled (harness/build_cache.py, build_speed.py)."""
+    """How candidates' extensions are compiled (harness/compiling/cache.py, compiling/speed.py)."""
     SECTION: ClassVar[str] = "build"
     # builds in flight, 1.25 a core: a cold build compiles one unit while its main.cpp waits for the precompiled
     # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
@@ -181,7 +181,7 @@ class BuildConfig:
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
     # core never slow the run workers' trials and timing; 0: same priority
     nice: int = 10
-    # build_speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
+    # compiling/speed.py: a precompiled torch/extension.h for main.cpp and lighter headers for CUDA sources (with a
     # retry on the candidate's own sources); neither changes what a candidate's code means
     fast: bool = True
     # build workers started ahead of their job (at `nice`), for the builds that start once the first `jobs` are
@@ -245,7 +245,7 @@ class SchedulerConfig:
     fork_workers: bool = True
     cpu_threads: int = 1  # intra-op threads for CPU-backend workers (reference and candidate alike)
     # host memory this process may hold for tasks' outputs: a task's reference trials and its candidates' frames in
-    # flight (harness/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
+    # flight (harness/process/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
     # nowhere runs alone. 0: half the memory available when the run starts
     output_memory_gb: float = 0.0
 

@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dice_kernels.harness import sandbox
-from dice_kernels.harness.baselines import Baseline, BaselineStore, baseline_key
+from dice_kernels.harness.process import sandbox
+from dice_kernels.harness.timing.baselines import Baseline, BaselineStore, baseline_key
 from dice_kernels.harness.config import EvalConfig, total_memory_gib
-from dice_kernels.harness.degenerate import breaking_trials, degenerate_flags
-from dice_kernels.harness.input_size import min_input_bytes
-from dice_kernels.harness.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
+from dice_kernels.harness.robust.degenerate import breaking_trials, degenerate_flags
+from dice_kernels.harness.process.input_size import min_input_bytes
+from dice_kernels.harness.process.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
 from dice_kernels.harness.outcomes import Outcome
-from dice_kernels.harness.platform import CeilingsCache, Platform
-from dice_kernels.harness.protocol import ReferencePart, RunJob
-from dice_kernels.harness.timing_stats import timing_fields
-from dice_kernels.harness.trial_inputs import HARDENED_TRIALS
-from dice_kernels.harness.workers import MEMORY_ERROR, Workers
+from dice_kernels.harness.timing.platform import CeilingsCache, Platform
+from dice_kernels.harness.process.protocol import ReferencePart, RunJob
+from dice_kernels.harness.timing.stats import timing_fields
+from dice_kernels.harness.worker.trial_inputs import HARDENED_TRIALS
+from dice_kernels.harness.process.pool import MEMORY_ERROR, Workers
 from dice_kernels.tasks import Task
 
 

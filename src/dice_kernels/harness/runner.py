@@ -1,7 +1,7 @@
 """`Evaluator`, the long-lived evaluator, and its scheduling: `evaluate()` for a batch of (task, candidate) pairs.
 
-Builds run in a thread pool (build_cache.py) while a pool of run threads runs each task's reference
-(references.py) and the candidates in fresh sandboxed workers (workers.py); the parent compares their outputs with
+Builds run in a thread pool (compiling/cache.py) while a pool of run threads runs each task's reference
+(references.py) and the candidates in fresh sandboxed workers (process/pool.py); the parent compares their outputs with
 the reference's as they arrive (compare.py), scores them (score.py) and records each result in the store the
 moment it is known. The evaluator's workers, fork server, build cache, baselines and ceilings serve every batch.
 """
@@ -19,20 +19,20 @@ from typing import Callable, Sequence
 
 from dice_kernels import __version__
 from dice_kernels.harness import score
-from dice_kernels.harness.build_cache import Build, BuildCache
+from dice_kernels.harness.compiling.cache import Build, BuildCache
 from dice_kernels.harness.candidate import Candidate
 from dice_kernels.harness.compare import TrialJudge
 from dice_kernels.harness.config import EvalConfig
-from dice_kernels.harness.host_memory import OutputLedger
+from dice_kernels.harness.process.host_memory import OutputLedger
 from dice_kernels.harness.outcomes import EvalResult, Outcome, Phases
-from dice_kernels.harness.platform import Platform, device_lock_key  # noqa: F401 - part of this module's API
+from dice_kernels.harness.timing.platform import Platform, device_lock_key  # noqa: F401 - part of this module's API
 from dice_kernels.harness.progress import QUEUED, Progress
-from dice_kernels.harness.protocol import CandidatePart, RunJob
+from dice_kernels.harness.process.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
 from dice_kernels.harness.store import ResultStore
-from dice_kernels.harness.timing import tensor_bytes
-from dice_kernels.harness.workers import Workers
+from dice_kernels.harness.timing.loop import tensor_bytes
+from dice_kernels.harness.process.pool import Workers
 from dice_kernels.tasks import Task
 
 

@@ -12,12 +12,12 @@ from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import (BaselineNote, BuildNotes, CompileBaseline, DeceptiveKind, EvalResult,
                                            ExtensionUse, Outcome, Phases, ReferenceNotes, RobustCheck, RobustFinding,
                                            SpeedOfLight, TaskFlags, Timing)
-from dice_kernels.harness.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
-from dice_kernels.harness.timing_stats import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
+from dice_kernels.harness.timing.speed_of_light import Ceilings, faster_than_light, reference_flops_ms, speed_of_light_ms
+from dice_kernels.harness.timing.stats import (TimingSamples, effective_time_ms, reference_time_ms, speedup_interval,
                                                stream_escape, timing_fields)
 
 if TYPE_CHECKING:
-    from dice_kernels.harness.build_cache import Build
+    from dice_kernels.harness.compiling.cache import Build
     from dice_kernels.harness.candidate import Candidate
     from dice_kernels.harness.references import Reference
     from dice_kernels.tasks import Task

@@ -29,8 +29,8 @@ def _load(cls: type, stage: str, config: str, set_: list[str]):
     its folder in the Hugging Face cache."""
     from dataclasses import replace
 
+    from dice_kernels.config_io import config_path, load
     from dice_kernels.model.checkpoint import resolve_checkpoint
-    from dice_kernels.train.config import config_path, load
 
     path = config_path(stage, config)
     overrides = _overrides(set_)
@@ -50,7 +50,7 @@ PACKAGE = "pkg:"  # a path inside the installed package, e.g. "pkg:assets/qwen3-
 def _path_overrides(path: Path, overrides: list[str]) -> list[str]:
     """A user's config file names its inputs relative to its own folder, wherever `dice` runs; a shipped config's
     plain relative paths (data.path = "dice-out/sft.jsonl") name the user's files in the working directory."""
-    from dice_kernels.train.config import CONFIGS, load_toml
+    from dice_kernels.config_io import CONFIGS, load_toml
 
     if path.resolve().is_relative_to(CONFIGS.resolve()):
         return []
@@ -109,11 +109,11 @@ def sft(
     checkpoints/step-N (resumable) and final/ (a Hugging Face directory for `dice generate`).
     Every config key and its default: `dice train sft tiny --show`; the sections: docs/training.md.
     """
+    from dice_kernels.config_io import ConfigError, to_toml
     from dice_kernels.model.checkpoint import CheckpointError
-    from dice_kernels.train.checkpointing import ModelSetupError
-    from dice_kernels.train.config import ConfigError, to_toml
-    from dice_kernels.train.sft import SFTConfig, TrainError, run_sft
-    from dice_kernels.train.sft_data import DataError
+    from dice_kernels.train.model_setup import ModelSetupError
+    from dice_kernels.train.sft.data import DataError
+    from dice_kernels.train.sft.trainer import SFTConfig, TrainError, run_sft
 
     try:
         cfg = _load(SFTConfig, "sft", config, set_)
@@ -154,10 +154,11 @@ def rl(
     fraction, seconds per phase), rewards.sqlite (every rollout's outcome and reward per step),
     harness/results.sqlite, checkpoints/step-N (resumable) and final/ (a Hugging Face directory).
     """
+    from dice_kernels.config_io import ConfigError, to_toml
     from dice_kernels.model.checkpoint import CheckpointError
-    from dice_kernels.train.checkpointing import ModelSetupError
-    from dice_kernels.train.config import ConfigError, to_toml
-    from dice_kernels.train.rl import RLConfig, RLError, run_rl
+    from dice_kernels.train.model_setup import ModelSetupError
+    from dice_kernels.train.rl.config import RLConfig
+    from dice_kernels.train.rl.trainer import RLError, run_rl
 
     try:
         cfg = _load(RLConfig, "rl", config, set_)
@@ -173,7 +174,7 @@ def rl(
 def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
     from dice_kernels.model.checkpoint import load_config
     from dice_kernels.model.config import SDAR_SHAPES
-    from dice_kernels.train.checkpointing import load_tokenizer_for, model_config
+    from dice_kernels.train.model_setup import load_tokenizer_for, model_config
     from dice_kernels.train.plan import format_plan, memory_plan
 
     if gpus < 1:

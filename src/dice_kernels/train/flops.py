@@ -1,6 +1,6 @@
 """Model FLOPs of training forwards and backwards, counted from the tokens they actually process: the decoder's
 matmuls per token, attention's quadratic term per (query, key) pair its mask allows, the lm_head per scored token,
-padding apart from useful tokens. The RL update (`train/rl.py` RLStep.update_policy) is counted from its micro-batch
+padding apart from useful tokens. The RL update (`train/rl/trainer.py` RLStep.update_policy) is counted from its micro-batch
 layouts (`tracerl.ReplayBatch`); `benchmarks/rl_step.py` turns the count into TFLOP/s and MFU.
 
 Conventions (those of MFU): a matmul of [m, k] by [k, n] is 2·m·k·n FLOPs; a backward is twice its forward (the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dice_kernels.model.config import ModelConfig
-from dice_kernels.train.tracerl import ReplayBatch
+from dice_kernels.train.rl.tracerl import ReplayBatch
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult
                                   SandboxConfig, TimingConfig)
 from dice_kernels.harness.metrics import deceptive_extensions
 from dice_kernels.tasks import Task
-from dice_kernels.train.config import ConfigError
+from dice_kernels.config_io import ConfigError
 
 
 REWARD_RULES = ("robust", "dice")
@@ -46,7 +46,7 @@ class RewardConfig:
     run_timeout_s: float = 60.0
     compile_timeout_s: float = 300.0
     # where candidates are scored: "local" (one Evaluator in this process) or "ray" (`ray_actors` Evaluators on a
-    # Ray cluster, a step's candidates sharded by task: train/reward_fanout.py, the `ray` extra)
+    # Ray cluster, a step's candidates sharded by task: train/rl/reward_fanout.py, the `ray` extra)
     fanout: Literal["local", "ray"] = "local"
     ray_actors: int = 0  # 0: one per GPU of the cluster (cuda), one per node (cpu)
     ray_address: str = ""  # "": RAY_ADDRESS, else a cluster `ray start` began here, else a local one; "auto"; host:port
@@ -62,7 +62,7 @@ class RewardConfig:
     def evaluator(self):
         """The harness evaluator the run scores with: one `Evaluator` here, or the Ray fan-out of several."""
         if self.fanout == "ray":
-            from dice_kernels.train.reward_fanout import RayEvaluator
+            from dice_kernels.train.rl.reward_fanout import RayEvaluator
 
             return RayEvaluator(self.eval_config(), self.ray_actors, self.ray_address)
         return Evaluator(self.eval_config())

@@ -2,7 +2,7 @@
 unit without `#include <torch/extension.h>` (`light_cuda_sources`), ATen's umbrella headers cut to the operators
 the sources name (`lean_cuda_arguments`), and a `torch/extension.h` without the C++ frontend for a `main.cpp`
 whose sources only declare functions (`light_extension_header`, `declarations_only`). A build tries them first
-and falls back to the candidate's own sources (build_worker.py); build_speed.py precompiles the headers."""
+and falls back to the candidate's own sources (compiling/in_sandbox.py); compiling/speed.py precompiles the headers."""
 
 from __future__ import annotations
 

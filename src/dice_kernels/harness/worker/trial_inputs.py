@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 
-from dice_kernels.harness.protocol import RunJob
+from dice_kernels.harness.process.protocol import RunJob
 
 
 def seed_all(seed: int) -> None:
@@ -87,7 +87,7 @@ def harden(inputs: list, variant: int, seed: int) -> list:
     (degenerate.breaking_trials)."""
     import torch
 
-    from dice_kernels.harness.output_checks import tensors_in
+    from dice_kernels.harness.robust.output_checks import tensors_in
 
     g = torch.Generator().manual_seed(seed)
     for x in tensors_in(inputs):

@@ -5,7 +5,7 @@ pre-generate, their refresh (new content after each call, so no timed call sees 
 GPU lead that keeps host launch latency out of the events, the adaptive timed loop with its clocks (per-call CUDA
 events or `perf_counter`, and the tail per iteration: how long every stream and thread the call started ran on
 after the per-call clock stopped), the samples it returns (cache_flush.py holds the flush before each call,
-timing_stats.py the statistics, speed_of_light.py the bounds; KernelBench's timer, kept for comparison, is
+timing/stats.py the statistics, speed_of_light.py the bounds; KernelBench's timer, kept for comparison, is
 benchmarks/kernelbench_style.py's). It never imports candidate code, writes files or spawns processes (it reads
 /proc and sysfs); the worker calls it inside its sandbox, with the device to itself (gpu_lock.py).
 See docs/timing.md for the protocol and what each step defends against."""
@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from dice_kernels.harness.cache_flush import is_cuda
-from dice_kernels.harness.timing_stats import TimingSamples, _rel_half_width, median_ci, pool_loops
+from dice_kernels.harness.timing.cache_flush import is_cuda
+from dice_kernels.harness.timing.stats import TimingSamples, _rel_half_width, median_ci, pool_loops
 
 # Bound when this module is imported, which the worker does before it runs any candidate code: a candidate that
 # later replaces time.perf_counter*, torch.cuda.synchronize or torch.cuda.Event does not reach these references.

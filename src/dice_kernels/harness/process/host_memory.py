@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from dice_kernels.harness.sandbox import StopWorker
+from dice_kernels.harness.process.sandbox import StopWorker
 
 
 class OutputsDeferred(StopWorker):

@@ -1,138 +1,36 @@
 """`dice train rl`: BiC-RL. Per step: the curriculum's tasks -> `group` rollouts each (block-diffusion
 sampler, trajectories kept) -> rewards from the long-lived harness service -> group z-scored advantages -> TraceRL
-update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` holds every knob, `RLStep` does one step,
-`run_rl` is the loop every rank runs (build, resume, step, log, save, export: the SFT trainer's infrastructure)."""
+update. Phase infill, e2e, or the schedule infill then e2e. `RLConfig` (config.py) holds every knob, `RLStep` does
+one step, `run_rl` is the loop every rank runs (build, resume, step, log, save, export: the SFT trainer's
+infrastructure, run_loop.py)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.distributed as torch_dist
 from rich.console import Console
 
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.sampling.decoder import SamplingConfig
-from dice_kernels.train import config as config_io
-from dice_kernels.train.advantages import group_advantages
-from dice_kernels.train.checkpointing import (RunSaves, build_model, latest_checkpoint, load_state, load_tokenizer_for,
-                                              pad_token_id)
-from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
-                                       OptimConfig, ParallelConfig)
-from dice_kernels.train.curriculum import ORDERS, Curriculum, RLTask, load_task_set
-from dice_kernels.train.distributed import Dist, attention_backend, init_distributed, param_dtype, shutdown
-from dice_kernels.train.metrics import Metrics
+from dice_kernels.train.checkpointing import RunSaves
+from dice_kernels.train.distributed import Dist, attention_backend, param_dtype
+from dice_kernels.train.model_setup import build_model, load_tokenizer_for, pad_token_id
 from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
-from dice_kernels.train.reward import RewardConfig, RewardService
-from dice_kernels.train.rollout import generate_rollouts
-from dice_kernels.train.tracerl import (ReplayBatch, Trajectory, denoising_rows, policy_loss, replay_batch,
-                                        replay_length, row_of_scored, token_logprobs)
+from dice_kernels.train.run_loop import announce_config, previous_state, resumed_state, run_metrics, run_on_ranks
+from dice_kernels.train.rl.advantages import group_advantages
+from dice_kernels.train.rl.config import RLConfig, RolloutConfig, UpdateConfig
+from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
+from dice_kernels.train.rl.reward import RewardService
+from dice_kernels.train.rl.rollout import generate_rollouts
+from dice_kernels.train.rl.tracerl import (ReplayBatch, Trajectory, denoising_rows, policy_loss, replay_batch,
+                                           replay_length, row_of_scored, token_logprobs)
 
 
 class RLError(ValueError):
     """A run that cannot start or go on as configured; the message names the setting or directory."""
-
-
-@dataclass
-class RLTasksConfig:
-    infill: str = ""  # infilling task set: `dice data`'s rl_infill table, or a task directory (with solutions)
-    e2e: str = ""  # end-to-end task set: rl_e2e table, or a KernelBench task directory / JSONL
-    solutions: str = ""  # infilling from a task directory: programs to cut prefix / suffix from
-    order: str = "sequential"  # sequential (by level, wrapping, as DICE) | mixed (reshuffled each pass)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.order not in ORDERS:
-            raise ConfigError(f"tasks.order must be one of {ORDERS}, got {self.order!r}")
-
-
-@dataclass
-class RLLoopConfig:
-    phase: Literal["infill", "e2e", "schedule"] = "schedule"  # schedule: infill_steps, then e2e_steps
-    infill_steps: int = 20
-    e2e_steps: int = 100
-
-    def __post_init__(self) -> None:
-        if self.infill_steps < 0 or self.e2e_steps < 0:
-            raise ConfigError("rl.infill_steps and rl.e2e_steps must be >= 0")
-
-    @property
-    def total_steps(self) -> int:
-        return {"infill": self.infill_steps, "e2e": self.e2e_steps}.get(self.phase, self.infill_steps + self.e2e_steps)
-
-    def phase_of(self, step: int) -> str:
-        """The phase of 0-based step `step`."""
-        if self.phase != "schedule":
-            return self.phase
-        return "infill" if step < self.infill_steps else "e2e"
-
-
-@dataclass
-class RolloutConfig:
-    tasks_per_step: int = 64
-    group: int = 16  # rollouts per task
-    max_new_tokens: int = 4096
-    block_size: int = 4
-    steps: int = 4  # denoising forwards per block, at most
-    strategy: str = "dynamic"
-    threshold: float = 0.9  # dynamic remasking
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    batch_rows: int = 64  # responses decoded together (per rank)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.tasks_per_step, self.group, self.max_new_tokens, self.batch_rows, self.steps) < 1:
-            raise ConfigError("rollout.tasks_per_step, group, max_new_tokens, batch_rows and steps must be >= 1")
-        if self.temperature <= 0:
-            raise ConfigError("rollout.temperature must be > 0: RL samples (greedy rollouts of a group are identical)")
-
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(max_new_tokens=self.max_new_tokens, block_size=self.block_size, steps=self.steps,
-                              strategy=self.strategy, threshold=self.threshold, temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, seed=self.seed)
-
-
-@dataclass
-class UpdateConfig:
-    clip: float = 0.2  # PPO ratio clip
-    kl_beta: float = 0.01  # k3 KL to the rollout (old) policy
-    micro_rows: int = 8  # trajectories per scoring forward (gradient accumulation inside an optimizer step)
-    # optimizer steps per RL step, against log-probs frozen at the step's start (so the clip and KL act from the
-    # second on): the step's trained responses are split into this many parts ...
-    updates_per_step: int = 1
-    # ... or, when > 0, one optimizer step per this many replayed rows, a row being one response at one denoising
-    # step (DICE: 256 = batch 1 x 8 ranks x accumulation 32), at most one per trained response
-    rows_per_update: int = 0
-    # a fresh optimizer state (AdamW moments) at every RL step, as DICE's per-step process that reloads the
-    # weights has; False keeps the moments across steps
-    reset_optimizer: bool = False
-
-    def __post_init__(self) -> None:
-        if (self.micro_rows < 1 or self.updates_per_step < 1 or self.rows_per_update < 0 or not 0 < self.clip < 1
-                or self.kl_beta < 0):
-            raise ConfigError("update.micro_rows and updates_per_step must be >= 1, update.rows_per_update >= 0, "
-                              "update.clip in (0, 1), update.kl_beta >= 0")
-
-
-@dataclass
-class RLConfig:
-    out_dir: str = "runs/rl"
-    model: ModelSection = field(default_factory=ModelSection)
-    tasks: RLTasksConfig = field(default_factory=RLTasksConfig)
-    rl: RLLoopConfig = field(default_factory=RLLoopConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    update: UpdateConfig = field(default_factory=UpdateConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_fraction=0.0))
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(every_steps=10))
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig)
 
 
 # --------------------------------------------------------------------------- one step
@@ -388,11 +286,7 @@ def _score_on_main(rewards: RewardService | None, step: int, pairs: list, dist: 
 
 def run_rl(cfg: RLConfig, resume: bool = False, console: Console | None = None) -> Path:
     """Train as configured (collective: every rank runs it) and return the final export's directory."""
-    dist = init_distributed()
-    try:
-        return _run(cfg, resume, dist, console or Console(stderr=True))
-    finally:
-        shutdown()
+    return run_on_ranks(_run, cfg, resume, console)
 
 
 def _task_sets(cfg: RLConfig) -> dict[str, list[RLTask]]:
@@ -412,17 +306,11 @@ def _task_sets(cfg: RLConfig) -> dict[str, list[RLTask]]:
 def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     out = Path(cfg.out_dir)
     say = console.print if dist.is_main else (lambda *a, **k: None)
-    previous = latest_checkpoint(out)
-    if previous is not None and not resume:
-        raise RLError(f"{out} already holds resumable states (newest {previous.name}): pass --resume to continue "
-                      "that run, or set out_dir to a new directory")
+    previous = previous_state(out, resume, RLError)
     total = cfg.rl.total_steps
     if total < 1:
         raise RLError(f"rl.phase {cfg.rl.phase} has no steps: set rl.infill_steps / rl.e2e_steps")
-    if dist.is_main:
-        config_io.save(cfg, out)
-        say(f"[bold]config[/] ({out / 'config.toml'}):")
-        say(config_io.to_toml(cfg), markup=False, highlight=False)
+    announce_config(cfg, out, dist, say)
     sets = _task_sets(cfg)
     curricula = {phase: Curriculum(tasks, cfg.rollout.tasks_per_step, cfg.tasks.order, cfg.tasks.seed)
                  for phase, tasks in sets.items()}
@@ -437,15 +325,13 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                 else cfg.update.updates_per_step)
     scheduler = build_scheduler(optimizer, total * per_step, cfg.optim)
     start = 0
-    if resume and previous is not None:
-        state = load_state(previous, model, optimizer, dist)
+    state = resumed_state(previous, resume, out, model, optimizer, dist, say)
+    if state is not None:
         for phase, cur in curricula.items():
             cur.load_state_dict(state["curricula"][phase])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
         say(f"resumed from {previous} (step {start})")
-    elif resume:
-        say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
 
     policy = PolicySnapshot(model, param_dtype(cfg.parallel, dist.device), dist.device)
     try:
@@ -460,8 +346,7 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
                          attention_backend(cfg.parallel, dist.device), backend, dist, policy, scheduler)
         updates = 0
-        with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
-                     console=console) as metrics:
+        with run_metrics(cfg, out, total, start, dist, console) as metrics:
             for step in range(start, total):
                 phase = cfg.rl.phase_of(step)
                 began, lr = time.perf_counter(), scheduler.get_last_lr()[0]

@@ -29,7 +29,7 @@ class BuildJob:
 class ReferencePart:
     """What only a reference run does."""
 
-    # the parent has this task's baseline (harness/baselines.py), so nothing is timed; the worker still computes
+    # the parent has this task's baseline (harness/timing/baselines.py), so nothing is timed; the worker still computes
     # the trials and the re-checked call's outputs, which are never cached
     baseline_cached: bool = False
     compile_baseline: bool = False  # also time torch.compile(Model) with the same protocol

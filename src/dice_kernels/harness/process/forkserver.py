@@ -22,17 +22,17 @@ import threading
 import traceback
 from pathlib import Path
 
-# what a fresh worker imports before it reads its job (worker.py's imports, the robust check's monitor): a module
+# what a fresh worker imports before it reads its job (worker/main.py's imports, the robust check's monitor): a module
 # the worker would import only later is left out, so nothing a candidate imports is found already loaded when a
 # fresh worker would have imported it under the monitor's eye. Not torch.utils.cpp_extension: with a CUDA build
 # of torch (2.11) its import initialises the CUDA driver (a driver thread appears), which a fork cannot carry
-PRELOAD = ("dice_kernels.harness.worker", "dice_kernels.harness.integrity")
+PRELOAD = ("dice_kernels.harness.worker.main", "dice_kernels.harness.robust.integrity")
 _MAX_MESSAGE = 1 << 20
 _READY_TIMEOUT_S = 300.0  # the server's imports, on a machine whose every core is busy compiling
 # the server's command line; not `-m` this module, which the package's own imports load first (runpy warns), and
 # with faulthandler, so a crash leaves its C-level stack in the server's log
 _SERVE = [sys.executable, "-X", "faulthandler", "-c",
-          "import sys; from dice_kernels.harness.forkserver import serve; serve(int(sys.argv[1]))"]
+          "import sys; from dice_kernels.harness.process.forkserver import serve; serve(int(sys.argv[1]))"]
 
 
 class ForkServerDown(RuntimeError):
@@ -63,7 +63,7 @@ def _reap(sock: socket.socket) -> None:
 
 def _become_worker(sock: socket.socket, request: dict, fds: list[int], ready_w: int) -> None:
     """In the forked child: take the request's pipes as stdio, its directory, environment and priority, then run
-    the worker exactly as `python -m dice_kernels.harness.worker` would. Never returns."""
+    the worker exactly as `python -m dice_kernels.harness.worker.main` would. Never returns."""
     try:
         os.setsid()  # before the server answers: the parent may kill the whole group from then on
         sock.close()
@@ -79,10 +79,10 @@ def _become_worker(sock: socket.socket, request: dict, fds: list[int], ready_w: 
         import tempfile
 
         tempfile.tempdir = None  # computed again from this worker's TMPDIR
-        sys.path[0] = request["cwd"]  # where `python -m dice_kernels.harness.worker` puts its working directory
-        sys.argv = [sys.modules["dice_kernels.harness.worker"].__file__]
+        sys.path[0] = request["cwd"]  # where `python -m dice_kernels.harness.worker.main` puts its working directory
+        sys.argv = [sys.modules["dice_kernels.harness.worker.main"].__file__]
         os.close(ready_w)
-        sys.modules["dice_kernels.harness.worker"].main()  # ends with os._exit
+        sys.modules["dice_kernels.harness.worker.main"].main()  # ends with os._exit
     except BaseException:  # noqa: BLE001 - a worker that fails before its job reports on its stderr
         traceback.print_exc()
     os._exit(1)

@@ -10,8 +10,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from dice_kernels.harness.cache_flush import _MiB, is_cuda
-from dice_kernels.harness.timing import _CudaEvent, _cuda_sync, _now_ns, synchronize, tensor_bytes
+from dice_kernels.harness.timing.cache_flush import _MiB, is_cuda
+from dice_kernels.harness.timing.loop import _CudaEvent, _cuda_sync, _now_ns, synchronize, tensor_bytes
 
 
 @dataclass(frozen=True)

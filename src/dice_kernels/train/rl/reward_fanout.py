@@ -11,7 +11,7 @@ from typing import Sequence
 
 from dice_kernels.harness import Candidate, EvalConfig, EvalResult, Evaluator
 from dice_kernels.harness.progress import Progress
-from dice_kernels.harness.sandbox import available_memory_bytes
+from dice_kernels.harness.process.sandbox import available_memory_bytes
 from dice_kernels.harness.store import ResultStore
 from dice_kernels.tasks import Task
 

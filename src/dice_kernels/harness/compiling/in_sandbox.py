@@ -1,6 +1,6 @@
 """The build side of a worker: a candidate's module executed with every `load_inline`/`load` routed through the
-content-addressed build cache (`patch_extension_loaders`), the build speed-ups' attempts (build_speed.py) in a
-build job, and what a candidate's code raised classified into an outcome (`classify`). Imported by worker.py,
+content-addressed build cache (`patch_extension_loaders`), the build speed-ups' attempts (compiling/speed.py) in a
+build job, and what a candidate's code raised classified into an outcome (`classify`). Imported by worker/main.py,
 which runs in the sandboxed process only."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dice_kernels.harness.outcomes import Outcome
-from dice_kernels.harness.protocol import BuildJob, RunJob
+from dice_kernels.harness.process.protocol import BuildJob, RunJob
 
 if TYPE_CHECKING:
-    from dice_kernels.harness.integrity import Monitor
+    from dice_kernels.harness.robust.integrity import Monitor
 
 MEMORY_ERROR_PATTERNS = re.compile(
     r"illegal memory access|out of memory|misaligned address|illegal address|invalid address|address space|"
@@ -142,7 +142,7 @@ class _Attempt:
 
 def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str) -> list[_Attempt]:
     """The attempts in order, the last the candidate's own sources. `headers` names the CUDA unit's torch headers
-    (build_speed.py): "lean" (light sources, ATen's umbrellas cut to the operators they name), "light" (without
+    (compiling/speed.py): "lean" (light sources, ATen's umbrellas cut to the operators they name), "light" (without
     <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". A lighter attempt's main.cpp
     takes the light torch/extension.h where the cpp_sources only declare functions. One lighter attempt, not
     two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers compiled
@@ -150,8 +150,8 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
-    from dice_kernels.harness.build_speed import normalize_cflags, pch_file, pch_wait_environment
-    from dice_kernels.harness.light_headers import declarations_only, lean_cuda_arguments, light_cuda_sources
+    from dice_kernels.harness.compiling.speed import normalize_cflags, pch_file, pch_wait_environment
+    from dice_kernels.harness.compiling.light_headers import declarations_only, lean_cuda_arguments, light_cuda_sources
 
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
@@ -209,7 +209,7 @@ def _environment(env: dict[str, str] | None):
 
 def _note_pch_wait(shortcut: dict, directory: Path) -> None:
     """Add what the waiting compiler did in `directory` (if it ran) to the build's record."""
-    from dice_kernels.harness.build_speed import read_pch_wait
+    from dice_kernels.harness.compiling.speed import read_pch_wait
 
     wait = read_pch_wait(directory)
     if wait is not None:

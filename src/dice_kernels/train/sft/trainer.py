@@ -1,6 +1,6 @@
 """`dice train sft`: supervised fine-tuning of a block-diffusion model on CuKe rows with the SDAR objective
-(train/objective.py). `SFTConfig` is the whole run's config; `run_sft` is the loop every rank runs (torchrun or a
-single process): build, resume, step, log, save, export."""
+(objective.py). `SFTConfig` is the whole run's config; `run_sft` is the loop every rank runs (torchrun or a single
+process): build, resume, step, log, save, export."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from dice_kernels.train import config as config_io
-from dice_kernels.train.checkpointing import (RunSaves, build_model, latest_checkpoint, load_state, load_tokenizer_for,
-                                              model_config, pad_token_id)
-from dice_kernels.train.config import (CheckpointConfig, ConfigError, DebugConfig, MetricsConfig, ModelSection,
-                                       OptimConfig, ParallelConfig)
-from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backend, init_distributed, shutdown
-from dice_kernels.train.metrics import Metrics
-from dice_kernels.train.objective import Corruption, PackedBatch, corrupt, sft_loss
+from dice_kernels.config_io import ConfigError
+from dice_kernels.train.checkpointing import RunSaves
+from dice_kernels.train.config import (CheckpointConfig, DebugConfig, MetricsConfig, ModelSection, OptimConfig,
+                                       ParallelConfig)
+from dice_kernels.train.distributed import Dist, all_reduce_sum, attention_backend
+from dice_kernels.train.model_setup import build_model, load_tokenizer_for, model_config, pad_token_id
 from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
-from dice_kernels.train.sft_data import SFTData, SFTDataConfig, StepData
+from dice_kernels.train.run_loop import announce_config, previous_state, resumed_state, run_metrics, run_on_ranks
+from dice_kernels.train.sft.data import SFTData, SFTDataConfig, StepData
+from dice_kernels.train.sft.objective import Corruption, PackedBatch, corrupt, sft_loss
 
 
 class TrainError(ValueError):
@@ -102,25 +102,15 @@ def _prepare(data: SFTData, step: int, mask_id: int, seed: int) -> tuple[StepDat
 
 def run_sft(cfg: SFTConfig, resume: bool = False, console: Console | None = None) -> Path:
     """Train as configured (collective: every rank runs it) and return the final export's directory."""
-    dist = init_distributed()
-    try:
-        return _run(cfg, resume, dist, console or Console(stderr=True))
-    finally:
-        shutdown()
+    return run_on_ranks(_run, cfg, resume, console)
 
 
 def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
     out = Path(cfg.out_dir)
     say = console.print if dist.is_main else (lambda *a, **k: None)
-    previous = latest_checkpoint(out)
-    if previous is not None and not resume:
-        raise TrainError(f"{out} already holds resumable states (newest {previous.name}): pass --resume to "
-                         "continue that run, or set out_dir to a new directory")
+    previous = previous_state(out, resume, TrainError)
     accumulation = cfg.train.accumulation(dist.world_size)
-    if dist.is_main:
-        config_io.save(cfg, out)
-        say(f"[bold]config[/] ({out / 'config.toml'}):")
-        say(config_io.to_toml(cfg), markup=False, highlight=False)
+    announce_config(cfg, out, dist, say)
 
     tokenizer = load_tokenizer_for(cfg.model)
     mcfg = model_config(cfg.model, tokenizer)  # checks the mask token before anything is loaded
@@ -139,22 +129,19 @@ def _run(cfg: SFTConfig, resume: bool, dist: Dist, console: Console) -> Path:
     scheduler = build_scheduler(optimizer, total, cfg.optim)
 
     start = 0
-    if resume and previous is not None:
-        state = load_state(previous, model, optimizer, dist)
+    state = resumed_state(previous, resume, out, model, optimizer, dist, say)
+    if state is not None:
         if state["data_fingerprint"] != data.fingerprint:
             raise TrainError(f"{previous}: saved with other data or packing settings than this config's "
                              f"({cfg.data.path}); resume with the run's own config ({out / 'config.toml'})")
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
         say(f"resumed from {previous} (step {start}, epoch {state['epoch']})")
-    elif resume:
-        say(f"[yellow]no resumable state in {out}: starting from step 0[/]")
 
     saves = RunSaves(out, model, optimizer, dist, cfg.checkpoint, cfg.model.tokenizer_dir,
                      lambda step: _trainer_state(data, scheduler, step), cfg.debug.sigkill_after_step)
     tokens_seen = 0
-    with Metrics(out, cfg.metrics, total, start, enabled=dist.is_main, run_config=config_io.to_dict(cfg),
-                 console=console) as metrics:
+    with run_metrics(cfg, out, total, start, dist, console) as metrics:
         upcoming = _prepare(data, start, mcfg.mask_token_id, cfg.train.seed)
         clock = time.perf_counter()
         for step in range(start, total):

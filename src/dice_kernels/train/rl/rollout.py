@@ -13,8 +13,8 @@ from dice_kernels.harness.candidate import Candidate, candidate_from_text, extra
 from dice_kernels.model.transformer import BlockDiffusionLM
 from dice_kernels.prompts import SYSTEM_PROMPT, chat_prompt, e2e_user, infill_user
 from dice_kernels.sampling.decoder import SamplingConfig, decode, release_graphs
-from dice_kernels.train.curriculum import RLTask
-from dice_kernels.train.tracerl import Trajectory
+from dice_kernels.train.rl.curriculum import RLTask
+from dice_kernels.train.rl.tracerl import Trajectory
 
 PHASES = ("infill", "e2e")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dice_kernels.harness.speed_of_light import Ceilings
+from dice_kernels.harness.timing.speed_of_light import Ceilings
 
 
 @dataclass(frozen=True)

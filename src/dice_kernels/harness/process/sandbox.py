@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from dice_kernels.harness.forkserver import ForkedProcess, ForkServer, ForkServerDown
+from dice_kernels.harness.process.forkserver import ForkedProcess, ForkServer, ForkServerDown
 
 # Environment variables a worker inherits; everything else (tokens, credentials, proxies) is dropped.
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import torch
 
-from dice_kernels.train.config import ConfigError
-from dice_kernels.train.objective import PackedBatch, pack
+from dice_kernels.config_io import ConfigError
+from dice_kernels.train.sft.objective import PackedBatch, pack
 
 FIELDS = ("prompt", "response")  # the SFTRow fields training reads; the chat format is already in the text
 

@@ -1,6 +1,6 @@
 """The content-addressed build cache: a candidate's extensions are built once per (harness, torch, backend, arch,
-code) by a sandboxed build worker (build_worker.py) and reused by every run and later batch that needs them.
-`BuildAcceleration` is the one interface to the build speed-ups (build_speed.py: precompiled headers, spare-time
+code) by a sandboxed build worker (compiling/in_sandbox.py) and reused by every run and later batch that needs them.
+`BuildAcceleration` is the one interface to the build speed-ups (compiling/speed.py: precompiled headers, spare-time
 headers, lighter CUDA headers); `BuildConfig.fast=False` (`--no-build-fast`) turns every one of them off."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from dice_kernels import __version__
-from dice_kernels.harness.build_speed import announce_pch, build_pch, pch_variants, plan_pch, planned_pch
+from dice_kernels.harness.compiling.speed import announce_pch, build_pch, pch_variants, plan_pch, planned_pch
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import Outcome
-from dice_kernels.harness.platform import Platform
-from dice_kernels.harness.protocol import BuildJob
-from dice_kernels.harness.workers import Workers, cleanup, death_outcome
+from dice_kernels.harness.timing.platform import Platform
+from dice_kernels.harness.process.protocol import BuildJob
+from dice_kernels.harness.process.pool import Workers, cleanup, death_outcome
 
 
 # What makes a program need a GPU: CUDA sources for load_inline, a kernel definition, or a .cu file. On the CPU
@@ -63,7 +63,7 @@ class BuildAcceleration:
     """Build speed-ups for a batch, behind one switch (`build.fast`): `start(codes)` plans the
     precompiled headers the batch's uncached programs need and builds them in the background, `job_fields()` is
     what a build job needs to use them, `finish()` ends a batch (a spare-time header not done is abandoned).
-    Nothing here changes what a candidate's code means (build_speed.py)."""
+    Nothing here changes what a candidate's code means (compiling/speed.py)."""
 
     def __init__(self, config: EvalConfig, platform: Platform):
         self.enabled, self.cache_dir, self.cuda = config.build.fast, config.cache_dir, platform.backend == "cuda"

@@ -1,4 +1,4 @@
-"""Cold caches for the timing protocol (timing.py): the size of the cache a flush must evict (the GPU's L2, the
+"""Cold caches for the timing protocol (timing/loop.py): the size of the cache a flush must evict (the GPU's L2, the
 CPU's largest level), the flush run before every timed call, and the reset of persisting-L2 lines a candidate may
 have pinned with an access-policy window. Never imports candidate code; reads sysfs and /proc/self/maps only."""
 

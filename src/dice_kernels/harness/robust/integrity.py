@@ -22,11 +22,11 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dice_kernels.harness.file_watch import FileWatch
+from dice_kernels.harness.robust.file_watch import FileWatch
 from dice_kernels.harness.outcomes import DeceptiveKind
-from dice_kernels.harness.protocol import CandidatePart
-from dice_kernels.harness.process_state import PRECISION_STATE, global_state, restore_timers, timers
-from dice_kernels.harness.output_checks import Finding, _same_values, tensors_in
+from dice_kernels.harness.process.protocol import CandidatePart
+from dice_kernels.harness.robust.process_state import PRECISION_STATE, global_state, restore_timers, timers
+from dice_kernels.harness.robust.output_checks import Finding, _same_values, tensors_in
 
 # bound at import, before any candidate code runs (a candidate may replace torch.cuda.synchronize later)
 _device_sync = torch.cuda.synchronize

@@ -13,18 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dice_kernels.harness import gpu_lock, sandbox
+from dice_kernels.harness.process import gpu_lock, sandbox
 from dice_kernels.harness.compare import TrialJudge
 from dice_kernels.harness.config import EvalConfig, total_memory_gib
-from dice_kernels.harness.forkserver import ForkServer, ForkServerDown
-from dice_kernels.harness.host_memory import OutputsDeferred
+from dice_kernels.harness.process.forkserver import ForkServer, ForkServerDown
+from dice_kernels.harness.process.host_memory import OutputsDeferred
 from dice_kernels.harness.outcomes import Outcome
-from dice_kernels.harness.platform import Platform, device_lock_key
-from dice_kernels.harness.protocol import Job, RunJob, write_job
-from dice_kernels.harness.tensor_stream import OutputsTooLarge, read_trials
-from dice_kernels.harness.timing import tensor_bytes
+from dice_kernels.harness.timing.platform import Platform, device_lock_key
+from dice_kernels.harness.process.protocol import Job, RunJob, write_job
+from dice_kernels.harness.process.tensor_stream import OutputsTooLarge, read_trials
+from dice_kernels.harness.timing.loop import tensor_bytes
 
-_WORKER = "dice_kernels.harness.worker"
+_WORKER = "dice_kernels.harness.worker.main"
 # host memory exhausted (a worker over --sandbox-memory-limit-gb, outputs too large): not a CUDA fault
 MEMORY_ERROR = Outcome.MEMORY_ERROR
 

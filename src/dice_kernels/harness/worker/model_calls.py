@@ -11,13 +11,14 @@ from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from dice_kernels.harness import cache_flush, gpu_lock, speed_of_light, timing, timing_stats
-from dice_kernels.harness.build_worker import StageError
-from dice_kernels.harness.protocol import RunJob
-from dice_kernels.harness.trial_inputs import copy_into, trial_inputs
+from dice_kernels.harness.process import gpu_lock
+from dice_kernels.harness.timing import cache_flush, loop as timing, speed_of_light, stats as timing_stats
+from dice_kernels.harness.compiling.in_sandbox import StageError
+from dice_kernels.harness.process.protocol import RunJob
+from dice_kernels.harness.worker.trial_inputs import copy_into, trial_inputs
 
 if TYPE_CHECKING:
-    from dice_kernels.harness.integrity import Monitor
+    from dice_kernels.harness.robust.integrity import Monitor
 
 
 def _flatten(out, where: str) -> list:
@@ -47,7 +48,7 @@ def _collect(result, where: str, job: RunJob, monitor: Monitor | None) -> list:
 def forward_once(model, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
                   poison_sizes: list[int]) -> tuple[list, list]:
     """One correctness call: (CPU outputs, findings on aliasing and input mutation)."""
-    from dice_kernels.harness import output_checks
+    from dice_kernels.harness.robust import output_checks
 
     before = output_checks.snapshot_inputs(inputs)
     if monitor:
@@ -71,7 +72,7 @@ def depends_on_earlier_calls(model, inputs: list, outs: list, where: str, job: R
 def input_copy_passes(inputs: list, outputs: list, job: RunJob) -> bool:
     """Would returning an input (of the output's shape) pass the comparison for every output?"""
     from dice_kernels.harness.compare import outputs_match
-    from dice_kernels.harness.output_checks import tensors_in
+    from dice_kernels.harness.robust.output_checks import tensors_in
 
     ins = [t.detach().cpu() for t in tensors_in(inputs)]
     return all(any(outputs_match([[o]], [[i]], job.atol, job.rtol) for i in ins) for o in outputs)
@@ -79,7 +80,7 @@ def input_copy_passes(inputs: list, outputs: list, job: RunJob) -> bool:
 
 def time_forward(model, task: types.ModuleType, inputs: list, where: str, job: RunJob, monitor: Monitor | None,
                   poison_sizes: list[int]) -> tuple[dict, list]:
-    """The timing protocol (harness/timing.py) over rotating input sets whose content is renewed after every call
+    """The timing protocol (harness/timing/loop.py) over rotating input sets whose content is renewed after every call
     (`timing.Rotation`: a cache keyed on content never hits), then one more call whose outputs the parent
     re-checks: it runs on inputs rewritten in place just before it, as every timed call's were (and, with a
     monitor, after poisoning the allocator's free blocks), so work skipped or cached inside the loop shows as
@@ -116,7 +117,7 @@ def checked_call(model, task: types.ModuleType, inputs: list, where: str, job: R
                   poison_sizes: list[int]) -> tuple[list, float]:
     """The call after the timed loop whose outputs the parent re-checks (and its device-lock wait): new values
     written into the loop's input tensors, and, with a monitor, the allocator's free blocks poisoned first."""
-    from dice_kernels.harness.output_checks import poison_free_memory
+    from dice_kernels.harness.robust.output_checks import poison_free_memory
 
     with gpu_lock.shared(job.gpu_lock) as checked:
         copy_into(inputs, trial_inputs(task, job, job.seed + 2 + job.usual_trials))
@@ -153,8 +154,8 @@ def speed_of_light_inputs(model, inputs: list, outputs: list, job: RunJob) -> di
     import torch
     import torch.utils.flop_counter as flop_counter
 
-    from dice_kernels.harness.integrity import skip_dynamo_import
-    from dice_kernels.harness.output_checks import tensors_in
+    from dice_kernels.harness.robust.integrity import skip_dynamo_import
+    from dice_kernels.harness.robust.output_checks import tensors_in
 
     skip_dynamo_import(getattr(flop_counter, "_FlopCounterMode", type(None)))  # 1.1 s per reference otherwise
     floats = [t.dtype for t in tensors_in(inputs) if t.is_floating_point()]

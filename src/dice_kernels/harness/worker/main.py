@@ -1,8 +1,8 @@
 """The sandboxed worker: the only process that executes task or candidate code.
 
-`python -m dice_kernels.harness.worker` imports what it needs, reads its job path from stdin (the parent may
+`python -m dice_kernels.harness.worker.main` imports what it needs, reads its job path from stdin (the parent may
 start it before the job exists), confines itself (sandbox.confine), then runs its job (protocol.py): a `BuildJob`
-builds a candidate's extensions into the build cache (build_worker.py); a `RunJob` runs the task's `Model`
+builds a candidate's extensions into the build cache (compiling/in_sandbox.py); a `RunJob` runs the task's `Model`
 (`run_reference`) or the candidate's `ModelNew` (`run_candidate`) on seeded inputs, writing `result.json` into
 its private directory and its outputs into a pipe to the parent (tensor_stream). It never sees reference
 outputs: the parent compares.
@@ -26,19 +26,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # timing binds the clocks it uses at import, before any candidate code could replace them
-from dice_kernels.harness import gpu_lock, timing
-from dice_kernels.harness.build_worker import BuildLog, StageError, build, classify, load_module, patch_extension_loaders
-from dice_kernels.harness.model_calls import (checked_call, compile_baseline, depends_on_earlier_calls, forward_once,
+from dice_kernels.harness.process import gpu_lock
+from dice_kernels.harness.timing import loop as timing
+from dice_kernels.harness.compiling.in_sandbox import BuildLog, StageError, build, classify, load_module, patch_extension_loaders
+from dice_kernels.harness.worker.model_calls import (checked_call, compile_baseline, depends_on_earlier_calls, forward_once,
                                               input_copy_passes, nbytes, speed_of_light_inputs, time_forward)
-from dice_kernels.harness.protocol import BuildJob, RunJob, read_job
-from dice_kernels.harness.sandbox import OUTPUT_FD_ENV, Limits, confine
-from dice_kernels.harness.tensor_stream import write_trials
-from dice_kernels.harness.trial_inputs import HARDENED_SEED, harden, seed_all, trial_inputs
+from dice_kernels.harness.process.protocol import BuildJob, RunJob, read_job
+from dice_kernels.harness.process.sandbox import OUTPUT_FD_ENV, Limits, confine
+from dice_kernels.harness.process.tensor_stream import write_trials
+from dice_kernels.harness.worker.trial_inputs import HARDENED_SEED, harden, seed_all, trial_inputs
 
 if TYPE_CHECKING:
     from collections import Counter
 
-    from dice_kernels.harness.integrity import Monitor
+    from dice_kernels.harness.robust.integrity import Monitor
 
 
 def _check_signature(cls: type, reference: type, init_inputs: list) -> None:
@@ -107,7 +108,7 @@ def _trials(model, task: types.ModuleType, where: str, job: RunJob, monitor: Mon
             spent: _PhaseClock) -> _Trials:
     """The correctness trials, shared by reference and candidate: each trial's outputs go to the parent in one
     frame as the trial ends (so a worker never holds more than two trials' outputs)."""
-    from dice_kernels.harness.output_checks import tensors_in
+    from dice_kernels.harness.robust.output_checks import tensors_in
 
     seen, sizes = _Trials(), []
     reference = job.reference
@@ -315,7 +316,7 @@ def _monitor(job: BuildJob | RunJob) -> Monitor | None:
     """The robust check's instrumentation, installed before the candidate's module is executed."""
     if not isinstance(job, RunJob) or job.candidate is None or job.candidate.allowed_ops is None:
         return None
-    from dice_kernels.harness.integrity import Monitor
+    from dice_kernels.harness.robust.integrity import Monitor
 
     monitor = Monitor(job.device, job.candidate.candidate_path, job.workdir, job.candidate)
     monitor.install()
