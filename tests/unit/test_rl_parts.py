@@ -107,3 +107,17 @@ def test_shipped_dice_configs_use_dices_update_and_say_their_reward(name):
     assert (cfg.reward.rule, cfg.reward.partial_credit) == ("robust", 1.0)
     if name == "dice-infill":
         assert cfg.checkpoint.export_dtype == "float32"
+
+
+def test_cuda_infilling_tasks_are_named_before_a_cpu_reward_runs_them():
+    from dice_kernels.train.rl.trainer import unrunnable_tasks
+
+    cuda = RLTask("t/cuda", 1, "ref", prefix='src = """__global__ void k(float* x) {\n',
+                  suffix='}"""\nload_inline(cuda_sources=src)')
+    cpp = RLTask("t/cpp", 1, "ref", prefix='src = """torch::Tensor f(torch::Tensor x) {\n', suffix='}"""')
+    e2e = RLTask("t/e2e", 1, "ref")
+    sets = {"infill": [cuda, cpp], "e2e": [e2e]}
+    (warning,) = unrunnable_tasks(sets, "cpu")
+    assert warning.startswith("phase infill: 1 of 2 tasks") and "t/cuda" in warning and "needs_gpu" in warning
+    assert unrunnable_tasks(sets, "cuda") == []
+    assert unrunnable_tasks({"infill": [cpp], "e2e": [e2e]}, "cpu") == []

@@ -1,6 +1,6 @@
 """`dice demo`: the recipe end to end at small scale, through the project's own stages. Build the world and its
-tokenizer, SFT a randomly initialised block-diffusion model (train/sft.py), then the configured RL arms from that
-checkpoint (train/rl.py: end-to-end RL or BiC-RL, each with DICE's reward or ours); benchmark every arm on the
+tokenizer, SFT a randomly initialised block-diffusion model (train/sft/), then the configured RL arms from that
+checkpoint (train/rl/: end-to-end RL or BiC-RL, each with DICE's reward or ours); benchmark every arm on the
 held-out instances of trained families and on never-trained families (bench/run.py, always with the robust check),
 each RL export on the held-out set (the learning curve), and write one report with intervals and paired
 differences (demo/report.py). Each stage leaves its outputs in its own folder and is skipped when they exist, so an
@@ -175,7 +175,7 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
         tasks=RLTasksConfig(infill=str(files.rl_infill), e2e=str(files.rl_e2e), order="mixed", seed=cfg.world.seed),
         rl=loop,
         rollout=RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
-                              temperature=r.temperature, batch_rows=r.tasks_per_step * r.group, seed=cfg.world.seed),
+                              temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group, seed=cfg.world.seed),
         update=UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update,
                             reset_optimizer=r.reset_optimizer),
         reward=RewardConfig(backend=cfg.backend, trials=r.trials, rule=spec.rule,

@@ -303,6 +303,25 @@ def _task_sets(cfg: RLConfig) -> dict[str, list[RLTask]]:
     return sets
 
 
+def unrunnable_tasks(sets: dict[str, list[RLTask]], backend: str) -> list[str]:
+    """One warning per phase whose tasks hold CUDA code while the reward runs on the CPU backend: every rollout of
+    those comes out needs_gpu (reward 0), so their groups are flat and train nothing. Said before the first rollout,
+    not discovered in the closing "0 updates" line."""
+    from dice_kernels.harness.compiling.cache import cuda_marker
+
+    if backend != "cpu":
+        return []
+    warnings = []
+    for phase, tasks in sets.items():
+        # infilling keeps the prefix and suffix as written; an end-to-end response is all the model's (C++ asked)
+        cuda = [t.id for t in tasks if t.infill and cuda_marker(t.prefix + t.suffix)]
+        if cuda:
+            warnings.append(f"phase {phase}: {len(cuda)} of {len(tasks)} tasks hold CUDA code around the hole "
+                            f"(e.g. {cuda[0]}): on the cpu reward backend their rollouts come out needs_gpu with "
+                            "reward 0 and train nothing (run the reward on a GPU, or use C++ infilling tasks)")
+    return warnings
+
+
 def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     out = Path(cfg.out_dir)
     say = console.print if dist.is_main else (lambda *a, **k: None)
@@ -343,6 +362,8 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                                    "scheduler": scheduler.state_dict()}, cfg.debug.sigkill_after_step)
     try:
         backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
+        for warning in unrunnable_tasks(sets, backend):
+            say(f"[yellow]warning:[/] {warning}")
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
                          attention_backend(cfg.parallel, dist.device), backend, dist, policy, scheduler)
         updates = 0
