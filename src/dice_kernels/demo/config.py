@@ -77,6 +77,9 @@ class RLSection:
     # a from-scratch model far from DICE's pretrained one: a few steps at DICE's 1e-6 would not move it
     lr: float = 1e-4
     temperature: float = 0.7  # below DICE's 1.0: a small model's samples at 1.0 rarely compile, so groups are flat
+    # rollout decoding: "static" (one token per denoising step, as the benchmark decodes) or DICE's "dynamic"
+    # (threshold 0.9: several tokens a step where the model is confident)
+    strategy: str = "static"
     trials: int = 2  # correctness trials of the robust reward (DICE's reward: one)
     # DICE's update rule (docs/rl.md): one optimizer step per this many replayed rows (0: one step per RL step),
     # and a fresh AdamW state at every RL step
