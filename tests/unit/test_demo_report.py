@@ -48,7 +48,7 @@ def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
              {"step": 2, "rollouts": 16, "trained_rollouts": 0, "updates": []}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     effort = rl_effort(run)
-    assert effort == {"steps": 2, "rollouts": 32, "trained_rollouts": 8, "updates": 1}
+    assert effort == {"steps": 2, "rollouts": 32, "trained_rollouts": 8, "trained_steps": 1, "updates": 1}
     assert rl_effort(tmp_path / "missing") is None
     sft = _results(tmp_path / "sft", {"a": "1", "b": "2", "c": "3"})
     rl = _results(tmp_path / "rl", {"a": "1", "b": "9", "d": "4"})
@@ -56,7 +56,7 @@ def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
     cfg = DemoConfig(out=Path("x"), rl=RLSection(rows_per_update=256))
     limits = " | ".join(scale_limits(cfg, {"bicrl_robust": {"rl": effort}}))
     assert "1 optimizer update(s) in 2 RL steps" in limits and "clip and KL never act" in limits
-    flat = {"steps": 2, "rollouts": 32, "trained_rollouts": 0, "updates": 0}
+    flat = {"steps": 2, "rollouts": 32, "trained_rollouts": 0, "trained_steps": 0, "updates": 0}
     assert "every group was flat" in " | ".join(scale_limits(cfg, {"e2e_robust": {"rl": flat}}))
-    busy = {"steps": 2, "rollouts": 32, "trained_rollouts": 32, "updates": 6}
+    busy = {"steps": 4, "rollouts": 64, "trained_rollouts": 4, "trained_steps": 1, "updates": 4}  # 4 in one step
     assert not any("optimizer update" in x for x in scale_limits(cfg, {"e2e_robust": {"rl": busy}}))

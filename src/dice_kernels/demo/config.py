@@ -81,9 +81,12 @@ class RLSection:
     # (threshold 0.9: several tokens a step where the model is confident)
     strategy: str = "static"
     trials: int = 2  # correctness trials of the robust reward (DICE's reward: one)
-    # DICE's update rule (docs/rl.md): one optimizer step per this many replayed rows (0: one step per RL step),
-    # and a fresh AdamW state at every RL step
-    rows_per_update: int = 256
+    # one optimizer step per this many replayed rows (0: one step per RL step), at most one per trained rollout,
+    # and a fresh AdamW state at every RL step (DICE's rule, docs/rl.md). DICE's 256 rows suit its 1,024 responses
+    # a step (~16 updates); a demo step's few trained rollouts hold fewer than 256 rows, so 256 gave one update a
+    # step with the PPO ratio at 1 (H200, 2026-12-04: 4 updates in 6 steps, clip and KL 0). 32 rows: about one
+    # update per trained rollout, so clip and KL act as in DICE's steps
+    rows_per_update: int = 32
     reset_optimizer: bool = True
     speed_bonus: float = 0.5  # reward.speed_bonus of the e2e_speed arm
     # export every this many RL steps and benchmark each export on the held-out tasks: the learning curve

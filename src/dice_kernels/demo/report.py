@@ -70,6 +70,7 @@ def rl_effort(run_dir: Path) -> dict | None:
         return None
     return {"steps": len(rows), "rollouts": sum(r["rollouts"] for r in rows),
             "trained_rollouts": sum(r["trained_rollouts"] for r in rows),
+            "trained_steps": sum(bool(r.get("updates")) for r in rows),
             "updates": sum(len(r.get("updates", [])) for r in rows)}
 
 
@@ -135,7 +136,8 @@ def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None) -> list[s
     limits = []
     for arm, row in (rows or {}).items():
         effort = row.get("rl")
-        if not effort or effort["updates"] > effort["steps"]:
+        # the limit: no update at all, or a single update in every step that trained (ratio 1: clip and KL idle)
+        if not effort or effort["updates"] > effort["trained_steps"]:
             continue
         did = (f"{arm}: {effort['updates']} optimizer update(s) in {effort['steps']} RL steps "
                f"({effort['trained_rollouts']} of {effort['rollouts']} rollouts in groups with reward variance)")
