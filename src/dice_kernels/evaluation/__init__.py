@@ -1,0 +1,1 @@
+"""The `dice eval` command's run directories (evaluation/cli.py)."""
