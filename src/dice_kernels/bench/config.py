@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dice_kernels.config_io import ConfigError
 from dice_kernels.harness import EvalConfig
 from dice_kernels.sampling.decoder import SamplingConfig
 
@@ -36,16 +37,16 @@ class BenchConfig:
     def check(self) -> None:
         """Raise ValueError with a message naming the flag, for combinations that cannot run."""
         if (self.checkpoint is None) == (self.generations is None):
-            raise ValueError("give exactly one of --checkpoint DIR (generate, then evaluate) or --generations DIR "
+            raise ConfigError("give exactly one of --checkpoint DIR (generate, then evaluate) or --generations DIR "
                              "(evaluate existing model outputs)")
         if self.generations is not None and self.stage == "generate":
-            raise ValueError("--stage generate needs --checkpoint (with --generations there is nothing to generate)")
+            raise ConfigError("--stage generate needs --checkpoint (with --generations there is nothing to generate)")
         if self.samples < 1 or self.batch_size < 1:
-            raise ValueError("--samples and --batch-size must be at least 1")
+            raise ConfigError("--samples and --batch-size must be at least 1")
         if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}")
         if self.stage not in STAGES:
-            raise ValueError(f"--stage must be one of {', '.join(STAGES)}")
+            raise ConfigError(f"--stage must be one of {', '.join(STAGES)}")
         self.eval.check()
 
     def generation_settings(self) -> dict:

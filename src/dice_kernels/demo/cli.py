@@ -36,7 +36,7 @@ def demo(
 
     try:
         cfg = load_config(scale, out, set_ or [], progress)
-    except (ConfigError, ValueError) as e:
+    except ConfigError as e:
         console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2)
     run_demo(cfg, echo=lambda m: console.print(m, highlight=False))

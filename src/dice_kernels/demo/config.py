@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dice_kernels.config_io import ConfigError
+
 SCALES = ("cpu", "gpu")
 
 
@@ -118,10 +120,10 @@ class DemoConfig:
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         if self.scale not in SCALES:
-            raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
+            raise ConfigError(f"--scale must be one of {', '.join(SCALES)}, not {self.scale!r}")
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms or self.arms[0] != "sft":
-            raise ValueError(f"arms must start with sft and name only {', '.join(ARMS)}; got {list(self.arms)}")
+            raise ConfigError(f"arms must start with sft and name only {', '.join(ARMS)}; got {list(self.arms)}")
 
 
 def preset(scale: str, out: Path) -> DemoConfig:
@@ -155,7 +157,7 @@ def load_config(scale: str, out: Path, overrides: list[str], progress: bool = Tr
     from dice_kernels.config_io import apply_override, from_dict, to_dict
 
     if scale not in SCALES:
-        raise ValueError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
+        raise ConfigError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
     data = to_dict(preset(scale, out)) | {"progress": progress}
     for override in overrides:
         apply_override(data, DemoConfig, override)

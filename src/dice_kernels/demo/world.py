@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from dice_kernels.config_io import ConfigError
 from dice_kernels.data.format import rl_e2e_tasks, rl_infill_tasks, sft_rows, write_sft, write_table
 from dice_kernels.data.infill import split_program
 from dice_kernels.data.records import PairRecord, write_jsonl, write_records
@@ -482,10 +483,10 @@ class WorldSizes:
 
     def __post_init__(self) -> None:
         if min(self.n_train, self.n_heldout, self.n_valid, self.n_novel) < 0:
-            raise ValueError("world sizes must be >= 0")
+            raise ConfigError("world sizes must be >= 0")
         if not (0 <= self.novel_fraction < 1 and 0 <= self.shortcut_fraction
                 and 0 <= self.slow_fraction and self.shortcut_fraction + self.slow_fraction <= 1):
-            raise ValueError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
+            raise ConfigError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
 
 
 def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 from pathlib import Path
 
+from dice_kernels.config_io import ConfigError
+
 # ATen ops a ModelNew.forward may dispatch without counting as a PyTorch fallback: allocation, views and shape
 # manipulation, copies and dtype/device moves (what a wrapper around a custom kernel needs). Everything else that
 # reaches ATen is PyTorch doing the work. Extend per run with `RobustConfig.allow_ops`.
@@ -70,7 +72,7 @@ def _check(section: object, rules: tuple) -> None:
     for name, ok, want in rules:
         value = getattr(section, name)
         if not ok(value):
-            raise ValueError(f"{_path(section, name)} must be {want}, not {value!r}")
+            raise ConfigError(f"{_path(section, name)} must be {want}, not {value!r}")
 
 
 def _path(section: object, name: str) -> str:
@@ -82,7 +84,7 @@ def _within_machine(section: object, name: str) -> None:
     harness, would stop a worker."""
     total, value = total_memory_gib(), getattr(section, name)
     if total is not None and value > total:
-        raise ValueError(f"{_path(section, name)} must be at most this machine's memory ({total:.1f} GiB), not "
+        raise ConfigError(f"{_path(section, name)} must be at most this machine's memory ({total:.1f} GiB), not "
                          f"{value:g}: beyond it the kernel's OOM killer, not the harness, would stop a worker")
 
 
@@ -218,7 +220,7 @@ class RobustConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow_ops", tuple(self.allow_ops))
         if bad := [op for op in self.allow_ops if not op.startswith("aten::")]:
-            raise ValueError(f"robust.allow_ops takes ATen op names such as aten::mm, not {', '.join(bad)}")
+            raise ConfigError(f"robust.allow_ops takes ATen op names such as aten::mm, not {', '.join(bad)}")
         _check(self, (("min_extension_gpu_share", _fraction, "a fraction between 0 and 1"),
                       ("min_replaced_ops_share", lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
                       ("min_partial_gpu_share", _fraction, "a fraction between 0 and 1")))
@@ -341,7 +343,7 @@ class EvalConfig:
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError("backend 'cuda' needs a CUDA device, and none is visible here (torch "
+                raise ConfigError("backend 'cuda' needs a CUDA device, and none is visible here (torch "
                                  f"{torch.__version__}): use backend 'cpu', or 'auto' to take a GPU when there is one")
 
     def differences(self, stored: dict[str, str]) -> list[str]:

@@ -7,15 +7,13 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+from dice_kernels.config_io import ConfigError  # also for a config.json this model cannot represent
+
 SDAR_MASK_TOKEN_ID = 151669  # SDAR's mask token; its *string* differs between tokenizer files, so use the id
 DEFAULT_BLOCK_SIZE = 4
 MODEL_TYPES = ("sdar", "qwen3")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ConfigError(ValueError):
-    """A config.json this model cannot represent; the message names the key."""
 
 
 @dataclass(frozen=True)

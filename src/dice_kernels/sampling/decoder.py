@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (Attention, KVCache, Layout, block_diffusion_mask_mod, cached_block_mask,
                                           dense_mask)
 from dice_kernels.model.transformer import BlockDiffusionLM, compiled_ops
@@ -61,9 +62,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.max_new_tokens < 1 or self.steps < 1:
-            raise ValueError("max_new_tokens and steps must be >= 1")
+            raise ConfigError("max_new_tokens and steps must be >= 1")
 
 
 @dataclass
