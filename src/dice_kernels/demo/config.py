@@ -1,6 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
-per scale (cpu: ~20 minutes of two idle cores; gpu: one H200 in ~25 minutes of stages; docs/demo.md). The CLI picks
-a preset and applies `--set` overrides."""
+per scale (cpu: 18 minutes of two idle cores; gpu: ~32 minutes of stages on one H200, estimated from a partial run;
+docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -128,8 +128,9 @@ class DemoConfig:
 
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
-    train reward per RL step as the learning curve, ~20 min of 2 cores. gpu: all five arms on 128 held-out tasks
-    with CUDA kernels, a held-out learning curve, sized from the H200 records to ~25 min of stages."""
+    train reward per RL step as the learning curve, 18 min of 2 idle cores from an empty build cache. gpu: all five
+    arms on 128 held-out tasks with CUDA kernels, a held-out learning curve, ~1,900 s of stages on an H200 (estimated
+    from the 2026-12-04 run, which ran 1,467 s of them)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
         # every C++ candidate is ~19 s of a core: two arms and four RL steps are what 20 minutes of 2 cores hold
