@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dice_kernels.config_io import ConfigError
+from dice_kernels.config_io import ConfigError, apply_override, from_dict, to_dict
 
 SCALES = ("cpu", "gpu")
 
@@ -155,11 +155,7 @@ def preset(scale: str, out: Path) -> DemoConfig:
 
 def load_config(scale: str, out: Path, overrides: list[str], progress: bool = True) -> DemoConfig:
     """The scale's preset with `--set key=value` overrides (an unknown key is an error that names it)."""
-    from dice_kernels.config_io import apply_override, from_dict, to_dict
-
-    if scale not in SCALES:
-        raise ConfigError(f"--scale must be one of {', '.join(SCALES)}, not {scale!r}")
-    data = to_dict(preset(scale, out)) | {"progress": progress}
+    data = to_dict(preset(scale, out))  # an unknown scale: DemoConfig's own check, in preset | {"progress": progress}
     for override in overrides:
         apply_override(data, DemoConfig, override)
     return from_dict(DemoConfig, data)
