@@ -144,7 +144,7 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
                  "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
                  "model.head_dim=16", "model.vocab_size=800", "sft.steps=3", "sft.batch_rows=2", "rl.infill_steps=1",
                  "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "rl.export_every=1", "bench.max_new_tokens=16",
-                 "arms=sft,bicrl_dice"]
+                 "world.n_valid=2", "rl.lr_grid=1e-3,3e-2", "arms=sft,bicrl_dice"]
     args = ["demo", "--out", str(out), "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
@@ -162,8 +162,16 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     [cmp] = [c for c in report["comparisons"] if c["a"].startswith("bicrl_dice (exec")]
     assert cmp["n"] == 2 and cmp["diff"]["lo"] <= cmp["diff"]["value"] <= cmp["diff"]["hi"]
     assert "A − B" in (out / "report.md").read_text() and (out / "curves.png").stat().st_size > 0
-    phases = [json.loads(line).get("phase") for line in (out / "bicrl_dice" / "metrics.jsonl").read_text().splitlines()]
-    assert phases == ["infill", "e2e"]
+    # rl.lr chosen on the validation split: a run per rate, each benchmarked there; the chosen run is the arm
+    tuned = report["tuning"]
+    assert [t["lr"] for t in tuned] == [1e-3, 3e-2] and [t["n"] for t in tuned] == [2, 2]
+    [chosen] = [t["lr"] for t in tuned if t["chosen"]]
+    assert report["config"]["rl"]["lr"] == chosen
+    assert max(t["exec"]["value"] for t in tuned) == next(t["exec"]["value"] for t in tuned if t["chosen"])
+    run = out / "tune" / f"bicrl_dice-lr{chosen:g}"
+    phases = [json.loads(line).get("phase") for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert phases == ["infill", "e2e"] and not (out / "bicrl_dice").exists()  # not trained again
+    assert "rl.lr chosen on the validation split" in (out / "report.md").read_text()
     # a second run resumes: every stage's outputs exist, nothing is trained again
     mtime = (out / "sft" / "final" / "config.json").stat().st_mtime
     assert CliRunner().invoke(app, args).exit_code == 0

@@ -78,6 +78,10 @@ class RLSection:
     group: int = 4  # rollouts per task
     # a from-scratch model far from DICE's pretrained one: a few steps at DICE's 1e-6 would not move it
     lr: float = 1e-4
+    # learning rates tried on the validation split (needs world.n_valid): the first RL arm runs once per rate, each
+    # run is benchmarked on the validation tasks, and the rate with the highest validation Exec (the smaller on a
+    # tie) becomes rl.lr of every arm; that arm's run at the chosen rate is the arm (demo/run.py's tune_lr)
+    lr_grid: tuple[float, ...] = ()
     temperature: float = 0.7  # below DICE's 1.0: a small model's samples at 1.0 rarely compile, so groups are flat
     # rollout decoding: "static" (one token per denoising step, as the benchmark decodes) or DICE's "dynamic"
     # (threshold 0.9: several tokens a step where the model is confident)
@@ -124,6 +128,24 @@ class DemoConfig:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown or not self.arms or self.arms[0] != "sft":
             raise ConfigError(f"arms must start with sft and name only {', '.join(ARMS)}; got {list(self.arms)}")
+        if self.rl.lr_grid and (not self.world.n_valid or len(self.arms) < 2 or min(self.rl.lr_grid) <= 0):
+            raise ConfigError("rl.lr_grid needs world.n_valid > 0 (the rates are compared on the validation split), "
+                              f"an RL arm to tune and rates > 0; got lr_grid {list(self.rl.lr_grid)}, n_valid "
+                              f"{self.world.n_valid}, arms {list(self.arms)}")
+
+    def tuned_arm(self) -> str | None:
+        """The arm whose runs choose rl.lr (the first RL arm), or None without rl.lr_grid."""
+        return self.arms[1] if self.rl.lr_grid else None
+
+    def rl_dir(self, arm: str) -> Path:
+        """An arm's RL run folder: <out>/<arm>, or for the tuned arm its run at rl.lr (<out>/tune/<arm>-lr<rate>),
+        so the tuning run at the chosen rate is the arm itself, not trained again."""
+        return self.out / "tune" / f"{arm}-lr{self.rl.lr:g}" if arm == self.tuned_arm() else self.out / arm
+
+    def valid_bench(self, arm: str) -> Path:
+        """The validation benchmark of an arm (of the tuned arm: of its run at rl.lr)."""
+        bench = self.out / "bench" / arm
+        return bench / (f"valid-lr{self.rl.lr:g}" if arm == self.tuned_arm() else "valid")
 
 
 def preset(scale: str, out: Path) -> DemoConfig:
@@ -137,16 +159,19 @@ def preset(scale: str, out: Path) -> DemoConfig:
         return dataclasses.replace(cfg, arms=("sft", "e2e_robust"), rl=RLSection(infill_steps=0, e2e_steps=4))
     return dataclasses.replace(
         cfg, backend="cuda",
-        # the validation split is benchmarked with SFT only: the check that SFT leaves RL headroom
-        world=WorldSection(n_train=4000, n_heldout=128, n_valid=32),
+        # the validation split: SFT's headroom, and where rl.lr is chosen
+        world=WorldSection(n_train=4000, n_heldout=128, n_valid=48),
         model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                          num_key_value_heads=2, head_dim=64),
         # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
         # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
         sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
-        # every distinct rollout is a CUDA build (~27 s of a core): 16 rollouts are one round on 16 cores. lr 2e-4 is
-        # where SFT's cosine ends, so a few RL steps move the model as much as the last SFT steps did
-        rl=RLSection(infill_steps=2, e2e_steps=4, tasks_per_step=4, group=4, lr=2e-4, export_every=3),
+        # every distinct rollout is a CUDA build (~27 s of a core): 16 rollouts are one round on 16 cores. With a
+        # fresh AdamW every step each update moves every weight by ~lr whatever the signal (the first is sign(g) *
+        # lr), so the rate is chosen on the validation split: at 2e-4 and one update a step (H200, 2026-12-04) RL
+        # changed 87 of 128 greedy outputs and Exec did not move; 32-row updates take ~one per trained rollout
+        rl=RLSection(infill_steps=2, e2e_steps=4, tasks_per_step=4, group=4, lr=1e-4, lr_grid=(2e-5, 1e-4),
+                     export_every=3),
         # the primary comparison (BiC-RL with our reward against SFT) first, then DICE's reward: an interrupted run
         # has the arms that matter most
         arms=("sft", "bicrl_robust", "e2e_dice", "e2e_robust", "bicrl_dice"),

@@ -109,12 +109,29 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
         r = cfg.rl
         curve.append((r.e2e_steps + (r.infill_steps if ARMS[arm].phase == "schedule" else 0),
                       bench_scores(bench / "heldout")))
-        row["rl"] = rl_effort(cfg.out / arm)
+        row["rl"] = rl_effort(cfg.rl_dir(arm))
         row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
     row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
     row["train_reward"] = [{"step": s, "reward": _iv(rate_interval(sc, seed=s))}
-                           for s, sc in train_rewards(cfg.out / arm, cfg.rl.group)]
+                           for s, sc in train_rewards(cfg.rl_dir(arm), cfg.rl.group)]
     return row
+
+
+def tuning(cfg: DemoConfig) -> list[dict]:
+    """rl.lr_grid's runs on the validation split: per rate, validation Exec and its paired difference against SFT
+    there, and whether it was chosen (cfg: the tuned config, rl.lr the chosen rate)."""
+    arm, out = cfg.tuned_arm(), []
+    sft = bench_scores(cfg.valid_bench("sft"))
+    for lr in cfg.rl.lr_grid:
+        scores = bench_scores(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=lr)).valid_bench(arm))
+        if not scores:
+            continue
+        row = {"lr": lr, "chosen": lr == cfg.rl.lr, "n": len(scores["exec"]), "exec": _iv(rate_interval(scores["exec"]))}
+        if sft:
+            cmp = paired_difference(scores["exec"], sft["exec"], (arm, "sft"), seed=cfg.world.seed)
+            row["vs_sft"] = dataclasses.asdict(cmp.diff) | {"verdict": cmp.verdict}
+        out.append(row)
+    return out
 
 
 def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
@@ -168,12 +185,18 @@ def _pct(iv: dict | None) -> str:
     return "–" if not iv else f"{100 * iv['value']:.1f} [{100 * iv['lo']:.1f}, {100 * iv['hi']:.1f}]"
 
 
+def _points(d: dict) -> str:
+    """A paired difference in points with its interval."""
+    return f"{100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
     rows = {a: _arm_summary(cfg, a) for a in arms}
     cmps = comparisons(cfg, arms)
+    tuned = tuning(cfg)
     report = {"scale": cfg.scale, "backend": cfg.backend,
-              "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows,
+              "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows, "tuning": tuned,
               "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
               "limits": scale_limits(cfg, rows), "seconds": timings, "gaps": gaps}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
@@ -198,9 +221,14 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",
               "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
     for c in cmps:
-        d = c.diff
-        lines.append(f"| {c.a} | {c.b} | {c.n} | {100 * d.value:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}] | "
-                     f"{c.verdict} |")
+        lines.append(f"| {c.a} | {c.b} | {c.n} | {_points(dataclasses.asdict(c.diff))} | {c.verdict} |")
+    if tuned:
+        lines += ["", f"## rl.lr chosen on the validation split ({ARMS[cfg.tuned_arm()].title}; held-out not used)",
+                  "", "| rl.lr | validation tasks | validation Exec | − SFT (paired) | |", "|---|---|---|---|---|"]
+        for t in tuned:
+            d = t.get("vs_sft")
+            vs = f"{_points(d)} ({d['verdict']})" if d else "–"
+            lines.append(f"| {t['lr']:g} | {t['n']} | {_pct(t['exec'])} | {vs} | {'chosen' if t['chosen'] else ''} |")
     lines += ["", "![curves](curves.png)", "", "## What this scale cannot show", "",
               *[f"- {x}" for x in report["limits"]], "", "## Seconds per stage", "", "| stage | seconds |",
               "|---|---|", *[f"| {k} | {v} |" for k, v in timings.items()],

@@ -155,14 +155,14 @@ def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Pat
 
 
 def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
-    """One RL arm from the SFT checkpoint: end-to-end RL only, or the infilling phase first, then the same
-    end-to-end steps (DICE's schedule); rewarded by DICE's rule or ours (demo/config.py's ARMS)."""
+    """One RL arm from the SFT checkpoint into cfg.rl_dir(arm): end-to-end RL only, or the infilling phase first,
+    then the same end-to-end steps (DICE's schedule); rewarded by DICE's rule or ours (demo/config.py's ARMS)."""
     from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection, OptimConfig
     from dice_kernels.train.rl.reward import RewardConfig
     from dice_kernels.train.rl.config import RLConfig, RLLoopConfig, RLTasksConfig, RolloutConfig, UpdateConfig
     from dice_kernels.train.rl.trainer import run_rl
 
-    out = cfg.out / arm
+    out = cfg.rl_dir(arm)
     if (out / "final" / "config.json").is_file():
         return out / "final"
     r = cfg.rl
@@ -208,11 +208,33 @@ def bench_arm(cfg: DemoConfig, timings: Timings, files: WorldFiles, arm: str, ch
         timings.run(f"bench {arm} novel", stage_bench, cfg, files, checkpoint, files.novel_tasks, bench / "novel")
     spec, r = ARMS[arm], cfg.rl
     last = r.e2e_steps + (r.infill_steps if spec.phase == "schedule" else 0)
-    for export in sorted((cfg.out / arm / "export").glob("step-*")):
+    for export in sorted((cfg.rl_dir(arm) / "export").glob("step-*")):
         if int(export.name.split("-")[1]) >= last:  # the final checkpoint, benchmarked above
             continue
         timings.run(f"bench {arm} {export.name}", stage_bench, cfg, files, export, files.heldout_tasks,
                     bench / f"heldout-{export.name}")
+
+
+def tune_lr(cfg: DemoConfig, timings: Timings, files: WorldFiles, sft: Path,
+            echo: Callable[[str], None]) -> DemoConfig:
+    """rl.lr_grid: the first RL arm once per rate, each run benchmarked on the validation split; returns cfg with
+    rl.lr the rate of the highest validation Exec (the smaller rate on a tie: the smaller move from SFT). The
+    held-out tasks play no part in the choice."""
+    from dice_kernels.demo.report import bench_scores
+
+    arm, mean_exec = cfg.tuned_arm(), {}
+    for lr in cfg.rl.lr_grid:
+        trial = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=lr))
+        echo(f"tune rl.lr: {ARMS[arm].title} at lr {lr:g} -> {trial.rl_dir(arm)}")
+        checkpoint = timings.run(f"tune {arm} lr {lr:g}", stage_rl, trial, files, sft, arm)
+        timings.run(f"bench {arm} lr {lr:g} valid", stage_bench, trial, files, checkpoint, files.valid_tasks,
+                    trial.valid_bench(arm))
+        scores = bench_scores(trial.valid_bench(arm))["exec"]
+        mean_exec[lr] = sum(sum(s) / len(s) for s in scores.values()) / max(len(scores), 1)
+    chosen = max(sorted(mean_exec), key=lambda lr: mean_exec[lr])  # max keeps the first (smallest) of a tie
+    echo("validation Exec per rate: " + ", ".join(f"{lr:g}: {100 * v:.1f} %" for lr, v in mean_exec.items())
+         + f" -> rl.lr = {chosen:g}")
+    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=chosen))
 
 
 def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
@@ -231,9 +253,10 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     echo(f"SFT: {cfg.sft.steps} steps from a random init -> {cfg.out / 'sft'}")
     sft = timings.run("sft", stage_sft, cfg, files, init, tokenizer)
     if w.n_valid:
-        timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks,
-                    cfg.out / "bench" / "sft" / "valid")
+        timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks, cfg.valid_bench("sft"))
     why = _missing("dice_kernels.train.rl.trainer")
+    if cfg.rl.lr_grid and not why:
+        cfg = tune_lr(cfg, timings, files, sft, echo)
     report: dict = {}
     for arm in cfg.arms:  # each arm is benchmarked as soon as it is trained, so a stopped demo has its finished arms
         if arm != "sft" and why:
