@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import changed_outputs, rl_effort, scale_limits, train_rewards
+from dice_kernels.demo.report import changed_outputs, rl_effort, scale_limits, timing_spread, train_rewards
 
 
 def test_train_rewards_group_a_step_by_task_and_position(tmp_path):
@@ -60,3 +60,26 @@ def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
     assert "every group was flat" in " | ".join(scale_limits(cfg, {"e2e_robust": {"rl": flat}}))
     busy = {"steps": 4, "rollouts": 64, "trained_rollouts": 4, "trained_steps": 1, "updates": 4}  # 4 in one step
     assert not any("optimizer update" in x for x in scale_limits(cfg, {"e2e_robust": {"rl": busy}}))
+
+
+def test_a_kernel_timed_far_apart_in_two_runs_makes_fast_1_incomparable(tmp_path):
+    def run(name: str, rows: list[tuple[str, str, float | None]]) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "results.jsonl").write_text("".join(
+            json.dumps({"candidate_sha256": sha, "outcome": outcome, "cand_time_ms": ms}) + "\n"
+            for sha, outcome, ms in rows))
+        return path
+
+    a = run("a", [("k1", "correct", 0.004), ("k2", "correct", 0.010), ("k3", "correct", 0.5), ("k4", "value_mismatch", None)])
+    b = run("b", [("k1", "correct", 0.040), ("k2", "correct", 0.011), ("k4", "value_mismatch", None)])
+    c = run("c", [("k1", "correct", 0.005), ("k3", "correct", 0.5)])
+    spread = timing_spread([a, b, c])
+    assert spread["kernels"] == 3  # k1, k2, k3; k4 never timed
+    assert abs(spread["median_ratio"] - 1.1) < 1e-9 and abs(spread["share_over_2x"] - 1 / 3) < 1e-9
+    cfg = DemoConfig(out=Path("x"))
+    assert not any("fast_1 is not comparable" in x for x in scale_limits(cfg, spread=spread))
+    noisy = timing_spread([a, b])  # k1 10x apart, k2 1.1x: median 5.55
+    assert abs(noisy["median_ratio"] - 5.55) < 1e-9
+    assert any("fast_1 is not comparable" in x and "5.5x" in x for x in scale_limits(cfg, spread=noisy))
+    assert timing_spread([c]) is None

@@ -1,6 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
-per scale (cpu: 18 minutes of two idle cores; gpu: ~32 minutes of stages on one H200, estimated from a partial run;
-docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
+per scale (cpu: 18 minutes of two idle cores; gpu: ~24 minutes of stages on one H200, estimated from a run that
+did all but one arm's benchmarks; docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -151,8 +151,8 @@ class DemoConfig:
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
     train reward per RL step as the learning curve, 18 min of 2 idle cores from an empty build cache. gpu: all five
-    arms on 128 held-out tasks with CUDA kernels, a held-out learning curve, ~1,900 s of stages on an H200 (estimated
-    from the 2026-12-04 run, which ran 1,467 s of them)."""
+    arms on 128 held-out tasks with CUDA kernels, rl.lr chosen on the validation split, a held-out learning curve,
+    ~1,450 s of stages on an H200 (estimated from the 2026-12-04 run at b204e05, which ran 1,351 s of them)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
         # every C++ candidate is ~19 s of a core: two arms and four RL steps are what 20 minutes of 2 cores hold
