@@ -5,9 +5,11 @@ extensions), the tokenizer's round trip and chat format, and a reduced demo end 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from dice_kernels.config_io import ConfigError
 from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, SHORTCUT, SLOW, TRAIN, VALID, Spec, WorldSizes, \
     build_world, cpu_program, reference_program, solutions, write_world
 
@@ -186,3 +188,15 @@ def test_an_unknown_setting_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path), "--set", "sft.stepz=3"])
     assert result.exit_code == 2
     assert "sft.stepz" in result.output and "Traceback" not in result.output
+    bad = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "b"), "--set", "world.rows=0"])
+    assert bad.exit_code == 2 and "world.rows" in bad.output and not (tmp_path / "b").exists()
+
+
+def test_the_input_sizes_come_from_the_world_settings():
+    large = _world(5, 30, 6, rows=(1024, 2048, 4096, 8192), cols=(4096,))
+    sizes = {re.search(r"rows = (\d+)\ncols = (\d+)", t.reference).groups() for t in large}
+    assert {r for r, _ in sizes} <= {"1024", "2048", "4096", "8192"} and {c for _, c in sizes} == {"4096"}
+    small = {re.search(r"rows = (\d+)", t.reference).group(1) for t in _world(5, 30, 6)}
+    assert small <= {"16", "32", "64", "128"}
+    with pytest.raises(ConfigError, match="world.rows"):
+        WorldSizes(n_train=1, n_heldout=1, rows=())

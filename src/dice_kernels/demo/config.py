@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dice_kernels.config_io import ConfigError, apply_override, from_dict, to_dict
+from dice_kernels.demo.world import COLS, ROWS, WorldSizes
 
 SCALES = ("cpu", "gpu")
 
@@ -45,6 +46,18 @@ class WorldSection:
     # reward without the robust check pays
     shortcut_fraction: float = 0.05
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
+    # the input's sizes a program draws from: at these a GPU kernel takes microseconds, where its time is the host's
+    # launch path (fast_1 then follows the load beside the timing); larger sizes make the kernels' own work the time
+    rows: tuple[int, ...] = ROWS
+    cols: tuple[int, ...] = COLS
+
+    def __post_init__(self) -> None:
+        self.sizes()  # WorldSizes checks every value: a bad one fails here, before any stage runs
+
+    def sizes(self) -> WorldSizes:
+        return WorldSizes(n_train=self.n_train, n_heldout=self.n_heldout, n_valid=self.n_valid, n_novel=self.n_novel,
+                          novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
+                          slow_fraction=self.slow_fraction, rows=tuple(self.rows), cols=tuple(self.cols))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from dice_kernels.demo.config import ARMS, DemoConfig
-from dice_kernels.demo.world import WorldFiles, WorldSizes, build_world, write_world
+from dice_kernels.demo.world import WorldFiles, build_world, write_world
 
 
 @dataclasses.dataclass
@@ -52,11 +52,7 @@ class Timings:
 
 
 def stage_world(cfg: DemoConfig) -> WorldFiles:
-    w = cfg.world
-    tasks = build_world(w.seed, WorldSizes(n_train=w.n_train, n_heldout=w.n_heldout, n_valid=w.n_valid,
-                                           n_novel=w.n_novel, novel_fraction=w.novel_fraction,
-                                           shortcut_fraction=w.shortcut_fraction, slow_fraction=w.slow_fraction))
-    return write_world(tasks, cfg.out / "world", cfg.backend)
+    return write_world(build_world(cfg.world.seed, cfg.world.sizes()), cfg.out / "world", cfg.backend)
 
 
 def stage_tokenizer(cfg: DemoConfig, files: WorldFiles) -> Path:

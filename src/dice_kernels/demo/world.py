@@ -84,6 +84,7 @@ REDUCTIONS = (
 _OPS = {op.name: op for op in OPS}
 _REDUCTIONS = {r.name: r for r in REDUCTIONS}
 ARG_SHAPES = {"y": "rows, cols", "b": "cols", "s": "rows, 1"}  # get_inputs' torch.randn sizes per extra input
+# the input's sizes a program draws from (WorldSizes.rows / cols): small enough for a C++ loop on one CPU thread
 ROWS, COLS = (16, 32, 64, 128), (64, 128, 256, 512)
 MAX_CHAIN = 3  # element-wise ops per program (a reduction may follow)
 
@@ -458,7 +459,7 @@ def train_variant(code: str, seed: int, shortcut_fraction: float, slow_fraction:
     return SHORTCUT if u < shortcut_fraction else SLOW if u < shortcut_fraction + slow_fraction else FAST
 
 
-def random_spec(rng: random.Random) -> Spec:
+def random_spec(rng: random.Random, rows: tuple[int, ...] = ROWS, cols: tuple[int, ...] = COLS) -> Spec:
     while True:
         ops = tuple(rng.choice(OPS).name for _ in range(rng.randint(0, MAX_CHAIN)))
         reduction = rng.choice(REDUCTIONS).name if rng.random() < 0.4 else ""
@@ -466,7 +467,7 @@ def random_spec(rng: random.Random) -> Spec:
             break
     consts = tuple(rng.choice(_OPS[n].consts) if _OPS[n].consts else None for n in ops)
     spellings = tuple(rng.randrange(len(_OPS[n].spellings)) for n in ops) + (rng.randrange(2),)
-    return Spec(ops, reduction, consts, spellings, rng.choice(("x", "h")), rng.choice(ROWS), rng.choice(COLS))
+    return Spec(ops, reduction, consts, spellings, rng.choice(("x", "h")), rng.choice(rows), rng.choice(cols))
 
 
 @dataclass(frozen=True)
@@ -480,10 +481,14 @@ class WorldSizes:
     novel_fraction: float = 0.2  # share of multi-step families never trained
     shortcut_fraction: float = 0.0  # share of train tasks whose SFT solution is the libtorch shortcut
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
+    rows: tuple[int, ...] = ROWS  # the input's row counts a program draws from
+    cols: tuple[int, ...] = COLS  # and its column counts
 
     def __post_init__(self) -> None:
         if min(self.n_train, self.n_heldout, self.n_valid, self.n_novel) < 0:
             raise ConfigError("world sizes must be >= 0")
+        if not self.rows or not self.cols or min(self.rows + self.cols) < 1:
+            raise ConfigError(f"world.rows and world.cols need sizes >= 1; got {list(self.rows)}, {list(self.cols)}")
         if not (0 <= self.novel_fraction < 1 and 0 <= self.shortcut_fraction
                 and 0 <= self.slow_fraction and self.shortcut_fraction + self.slow_fraction <= 1):
             raise ConfigError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
@@ -502,7 +507,7 @@ def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
     for _ in range(200 * sum(want.values()) + 1000):
         if all(len(found[s]) >= want[s] for s in want):
             break
-        spec = random_spec(rng)
+        spec = random_spec(rng, sizes.rows, sizes.cols)
         code = reference_program(spec)
         split = family_split(spec.family, seed, sizes.novel_fraction)
         if split == TRAIN:
