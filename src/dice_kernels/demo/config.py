@@ -46,8 +46,8 @@ class WorldSection:
     # reward without the robust check pays
     shortcut_fraction: float = 0.05
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
-    # the input's sizes a program draws from: at these a GPU kernel takes microseconds, where its time is the host's
-    # launch path (fast_1 then follows the load beside the timing); larger sizes make the kernels' own work the time
+    # the input's sizes a program draws from: at these a GPU kernel is microseconds of work, and one kernel's time
+    # moved 3.4x between benchmark runs (H200, 2026-12-04); at megabytes a tensor its own work would be the time
     rows: tuple[int, ...] = ROWS
     cols: tuple[int, ...] = COLS
 
