@@ -146,6 +146,10 @@ class DemoConfig:
                               f"an RL arm to tune and rates > 0; got lr_grid {list(self.rl.lr_grid)}, n_valid "
                               f"{self.world.n_valid}, arms {list(self.arms)}")
 
+    def at_lr(self, lr: float) -> DemoConfig:
+        """This config with rl.lr = `lr` (a tuning run's, or the chosen rate's)."""
+        return dataclasses.replace(self, rl=dataclasses.replace(self.rl, lr=lr))
+
     def tuned_arm(self) -> str | None:
         """The arm whose runs choose rl.lr (the first RL arm), or None without rl.lr_grid."""
         return self.arms[1] if self.rl.lr_grid else None

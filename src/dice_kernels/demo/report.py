@@ -143,7 +143,7 @@ def tuning(cfg: DemoConfig) -> list[dict]:
     arm, out = cfg.tuned_arm(), []
     sft = bench_scores(cfg.valid_bench("sft"))
     for lr in cfg.rl.lr_grid:
-        scores = bench_scores(dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=lr)).valid_bench(arm))
+        scores = bench_scores(cfg.at_lr(lr).valid_bench(arm))
         if not scores:
             continue
         row = {"lr": lr, "chosen": lr == cfg.rl.lr, "n": len(scores["exec"]), "exec": _iv(rate_interval(scores["exec"]))}

@@ -217,20 +217,21 @@ def tune_lr(cfg: DemoConfig, timings: Timings, files: WorldFiles, sft: Path,
     rl.lr the rate of the highest validation Exec (the smaller rate on a tie: the smaller move from SFT). The
     held-out tasks play no part in the choice."""
     from dice_kernels.demo.report import bench_scores
+    from dice_kernels.demo.stats import rate_interval
 
     arm, mean_exec = cfg.tuned_arm(), {}
     for lr in cfg.rl.lr_grid:
-        trial = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=lr))
+        trial = cfg.at_lr(lr)
         echo(f"tune rl.lr: {ARMS[arm].title} at lr {lr:g} -> {trial.rl_dir(arm)}")
         checkpoint = timings.run(f"tune {arm} lr {lr:g}", stage_rl, trial, files, sft, arm)
         timings.run(f"bench {arm} lr {lr:g} valid", stage_bench, trial, files, checkpoint, files.valid_tasks,
                     trial.valid_bench(arm))
-        scores = bench_scores(trial.valid_bench(arm))["exec"]
-        mean_exec[lr] = sum(sum(s) / len(s) for s in scores.values()) / max(len(scores), 1)
+        # the value the report's tuning table shows for this rate
+        mean_exec[lr] = rate_interval(bench_scores(trial.valid_bench(arm))["exec"]).value
     chosen = max(sorted(mean_exec), key=lambda lr: mean_exec[lr])  # max keeps the first (smallest) of a tie
     echo("validation Exec per rate: " + ", ".join(f"{lr:g}: {100 * v:.1f} %" for lr, v in mean_exec.items())
          + f" -> rl.lr = {chosen:g}")
-    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, lr=chosen))
+    return cfg.at_lr(chosen)
 
 
 def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
