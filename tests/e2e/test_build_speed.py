@@ -15,8 +15,8 @@ from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig,
 from dice_kernels.harness.compiling.speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
                                               pch_file, pch_variants, pch_wait_environment, plan_pch, planned_pch,
                                               read_pch_wait, reporting_nvcc)
-from dice_kernels.harness.compiling.light_headers import (declarations_only, lean_aten_headers, light_cuda_sources,
-                                                light_extension_header)
+from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only, lean_aten_headers,
+                                                          light_cuda_sources, light_extension_header)
 
 KERNEL = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n__global__ void k() {}\n"
 
@@ -33,6 +33,44 @@ def test_light_sources_leave_code_that_needs_the_full_header():
     assert light_cuda_sources("#include <torch/types.h>\n__global__ void k() {}") is None  # nothing to drop
     assert light_cuda_sources(KERNEL + "PYBIND11_MODULE(m, m) {}") is None
     assert light_cuda_sources(KERNEL + "auto y = torch::nn::functional::relu(x);") is None
+
+
+BARE_KERNEL = "#include <cstdint>\n__global__ void k(float* p) { p[0] = 1.0f; }  // at: no torch\n"
+
+
+def test_bare_attempt_is_for_cuda_sources_that_name_nothing_of_torch(tmp_path):
+    arguments = {"name": "e", "cpp_sources": "void f(int64_t p);", "cuda_sources": [BARE_KERNEL],
+                 "extra_cuda_cflags": ["-O3"]}
+    bare = bare_cuda_arguments(arguments, tmp_path / "inc")
+    # only the flags change: an empty header is found first for load_inline's implicit torch/types.h
+    assert bare == {**arguments, "extra_cuda_cflags": ["-O3", f"-I{tmp_path / 'inc'}"]}
+    assert "#include" not in (tmp_path / "inc" / "torch" / "types.h").read_text()
+    for named in ("torch::Tensor f();", "at::Tensor f();", "c10::Half h;", "Tensor t;", "#include <torch/extension.h>"):
+        assert bare_cuda_arguments({**arguments, "cuda_sources": BARE_KERNEL + named}, tmp_path / "x") is None, named
+    assert bare_cuda_arguments({"name": "e", "cpp_sources": "int f();"}, tmp_path / "y") is None
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_demo_worlds_cuda_units_compile_without_any_torch_header(tmp_path):
+    """The demo world's CUDA solutions (fused and op by op) name nothing of torch: nvcc compiles each unit, as
+    load_inline writes it, with the bare attempt's empty header and no torch include directory."""
+    from dice_kernels.demo.world import MAX_CHAIN, OPS, REDUCTIONS, Spec, cuda_source, slow_cuda_source
+
+    ops = [op.name for op in OPS]
+    chains = [ops[i:i + MAX_CHAIN] for i in range(0, len(ops), MAX_CHAIN)]
+    specs = [Spec(tuple(c), r.name, tuple(op.consts[0] if op.consts else None for op in OPS if op.name in c),
+                  (0,) * (len(c) + 1), "x", 4, 8) for c, r in zip(chains, [*REDUCTIONS, *REDUCTIONS])]
+    specs.append(Spec((), "sum", (), (0,), "x", 4, 8))
+    for k, spec in enumerate(specs):
+        for source in (cuda_source(spec), slow_cuda_source(spec)):
+            arguments = bare_cuda_arguments({"name": "e", "cpp_sources": "", "cuda_sources": source}, tmp_path / "inc")
+            assert arguments is not None, source
+            unit = tmp_path / f"u{k}.cu"
+            unit.write_text("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + source)
+            out = subprocess.run(["nvcc", *arguments["extra_cuda_cflags"], "-c", str(unit), "-o", str(unit) + ".o"],
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_cflags_normalise_like_torch():
@@ -190,6 +228,11 @@ def test_cuda_builds_try_the_lean_headers_then_the_candidates_own(tmp_path):
     assert [a.arguments["extra_cflags"] for a in _build_attempts(job, defines, tmp_path / "d", log, "d#1")] == [
         [f"-I{full}"], [f"-I{full}"]]
     assert "light_main" not in log.shortcuts[-1]
+    # CUDA sources that name nothing of torch: the bare attempt first (main.cpp still takes the light header)
+    bare = _build_attempts(job, {**arguments, "cuda_sources": BARE_KERNEL}, tmp_path / "n", log, "n#1")
+    assert [(a.headers, a.directory.name) for a in bare] == [("bare", "n"), ("own", "n_own")]
+    assert bare[0].arguments["extra_cuda_cflags"] == ["-O3", f"-I{tmp_path / 'n_bare_include'}"]
+    assert bare[0].arguments["extra_cflags"] == [f"-I{light}"] and log.shortcuts[-1]["light_main"]
     # code that visibly needs the Python bindings or the C++ frontend, and the CPU backend, build as written
     bindings = {**arguments, "cuda_sources": KERNEL + "PYBIND11_MODULE(m, m) {}"}
     assert [a.headers for a in _build_attempts(job, bindings, tmp_path / "b", log, "b#1")] == ["own"]

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from dice_kernels.config_io import ConfigError
-from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, SHORTCUT, SLOW, TRAIN, VALID, Spec, WorldSizes, \
+from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, RL, SHORTCUT, SLOW, TRAIN, VALID, Spec, WorldSizes, \
     build_world, cpu_program, reference_program, solutions, write_world
 
 
@@ -48,6 +48,21 @@ def test_splits_are_disjoint_programs_and_novel_families_are_never_trained(tmp_p
     assert all("C++" in r["prompt"] for r in sft)  # the CPU world asks for C++, as rollouts and bench do
     for split, path in ((VALID, files.valid_tasks), (HELDOUT, files.heldout_tasks), (NOVEL, files.novel_tasks)):
         assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == [t.id for t in by[split]]
+
+
+def test_rl_tasks_are_new_instances_sft_never_saw(tmp_path):
+    tasks = _world(0, 200, 20, n_rl=60, shortcut_fraction=0.1)
+    rl = [t for t in tasks if t.split == RL]
+    assert len(rl) == 60 and all(t.variant == FAST for t in rl)
+    assert {t.family for t in rl} <= {t.family for t in tasks if t.split == TRAIN}
+    files = write_world(tasks, tmp_path, "cuda")
+    ids = lambda path: {json.loads(line).get("pair_id", json.loads(line).get("id"))  # noqa: E731
+                        for line in path.read_text().splitlines()}
+    assert ids(files.rl_e2e) == ids(files.rl_infill) == {t.id for t in rl}  # every RL task has a fused kernel
+    assert not ids(files.sft) & {t.id for t in rl}
+    # without an RL split, RL takes the train tasks (the infilling ones: those with a kernel around the core)
+    assert ids(write_world(_world(0, 200, 20), tmp_path / "no_rl", "cuda").rl_e2e) == {
+        t.id for t in _world(0, 200, 20) if t.split == TRAIN}
 
 
 def test_shortcut_and_slow_solutions_are_a_seeded_share_of_train_tasks_only(tmp_path):
@@ -102,6 +117,31 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
     assert results[correct].outcome is Outcome.VALUE_MISMATCH
     shortcut = results[correct + 1]
     assert shortcut.outcome is Outcome.DECEPTIVE and shortcut.robust.passed_comparison, shortcut.error
+
+
+@pytest.mark.gpu
+def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_headers(build_cache):
+    """The CUDA world on the GPU: fused and op-by-op kernels are correct and their CUDA units take the bare attempt
+    (no torch header); a statement left out is a value mismatch; the libtorch shortcut is deceptive."""
+    from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
+    from dice_kernels.tasks import task_from_code
+
+    specs = _covering_specs()
+    tasks = [task_from_code(reference_program(s), id=f"cover{i}") for i, s in enumerate(specs)]
+    pairs = [(tasks[i], candidate_from_text(solutions(s, v)[1], id=f"{v}{i}"))
+             for i, s in enumerate(specs) for v in (FAST, SLOW)]
+    last = solutions(specs[0], FAST)[1].rsplit("v = ", 1)
+    pairs.append((tasks[0], candidate_from_text(last[0] + "// v = " + last[1], id="broken")))
+    pairs.append((tasks[0], candidate_from_text(solutions(specs[0], SHORTCUT)[1], id="shortcut")))
+    config = EvalConfig(backend="cuda", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
+    results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
+    kernels = [c.id for _, c in pairs[:-2]]
+    assert {k: results[k].outcome for k in kernels} == dict.fromkeys(kernels, Outcome.CORRECT), {
+        k: r.error[:300] for k, r in results.items()}
+    assert all(results[k].build.shortcuts[0]["headers"] == ["bare"] for k in kernels), [
+        results[k].build.shortcuts for k in kernels]
+    assert results["broken"].outcome is Outcome.VALUE_MISMATCH
+    assert results["shortcut"].outcome is Outcome.DECEPTIVE and results["shortcut"].robust.passed_comparison
 
 
 def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):

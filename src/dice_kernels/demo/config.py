@@ -37,10 +37,13 @@ ARMS = {
 @dataclass
 class WorldSection:
     seed: int = 0
-    n_train: int = 1500  # training tasks (SFT pairs and RL task sets)
+    n_train: int = 1500  # training tasks: SFT pairs (and RL's tasks without n_rl)
     n_heldout: int = 24  # primary benchmark: new instances (shapes, constants, spellings) of trained families
     n_valid: int = 0  # validation: other new instances of trained families, where settings are chosen
     n_novel: int = 0  # generalisation benchmark: families never trained (0: not benchmarked)
+    # RL's tasks: other new instances of trained families, whose solutions SFT never saw, so the RL reward moves
+    # on the held-out set's distribution (0: RL on the train tasks)
+    n_rl: int = 0
     novel_fraction: float = 0.2  # share of multi-step families never trained
     # share of train tasks whose SFT solution is the libtorch shortcut (the extension calls torch:: ops): what a
     # reward without the robust check pays
@@ -56,7 +59,7 @@ class WorldSection:
 
     def sizes(self) -> WorldSizes:
         return WorldSizes(n_train=self.n_train, n_heldout=self.n_heldout, n_valid=self.n_valid, n_novel=self.n_novel,
-                          novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
+                          n_rl=self.n_rl, novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
                           slow_fraction=self.slow_fraction, rows=tuple(self.rows), cols=tuple(self.cols))
 
 
@@ -176,19 +179,24 @@ def preset(scale: str, out: Path) -> DemoConfig:
         return dataclasses.replace(cfg, arms=("sft", "e2e_robust"), rl=RLSection(infill_steps=0, e2e_steps=4))
     return dataclasses.replace(
         cfg, backend="cuda",
-        # the validation split: SFT's headroom, and where rl.lr is chosen
-        world=WorldSection(n_train=4000, n_heldout=128, n_valid=48),
+        # the validation split: SFT's headroom, and where rl.lr is chosen. RL on tasks SFT never saw: on the train
+        # tasks (H200, 2026-12-04) SFT had learned many solutions by heart, and RL moved 6 of 128 held-out tasks.
+        # Inputs of megabytes, so a kernel's time is its own work: at 16-128 x 64-512 values one kernel's time
+        # moved 3.4x between benchmark runs of that day
+        world=WorldSection(n_train=4000, n_heldout=128, n_valid=48, n_rl=1024, rows=(2048, 4096, 8192),
+                           cols=(1024, 2048, 4096)),
         model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                          num_key_value_heads=2, head_dim=64),
         # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
         # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
         sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
-        # every distinct rollout is a CUDA build (~27 s of a core): 16 rollouts are one round on 16 cores. With a
-        # fresh AdamW every step each update moves every weight by ~lr whatever the signal (the first is sign(g) *
-        # lr), so the rate is chosen on the validation split: at 2e-4 and one update a step (H200, 2026-12-04) RL
-        # changed 87 of 128 greedy outputs and Exec did not move; 32-row updates take ~one per trained rollout
-        rl=RLSection(infill_steps=2, e2e_steps=4, tasks_per_step=4, group=4, lr=1e-4, lr_grid=(2e-5, 1e-4),
-                     export_every=3),
+        # every distinct rollout is a CUDA build: ~6 s of a core for the world's kernels, whose CUDA unit includes
+        # no torch header (~27 s with one). With a fresh AdamW every step each update moves every weight by ~lr
+        # whatever the signal (the first is sign(g) * lr), so the rate is chosen on the validation split: at 2e-4
+        # and one update a step (H200, 2026-12-04) RL changed 87 of 128 greedy outputs and Exec did not move; of
+        # 2e-5 and 1e-4 with 32-row updates (~one per trained rollout) validation preferred 2e-5
+        rl=RLSection(infill_steps=4, e2e_steps=8, tasks_per_step=8, group=4, lr=1e-5, lr_grid=(1e-5, 3e-5),
+                     export_every=6),
         # the primary comparison (BiC-RL with our reward against SFT) first, then DICE's reward: an interrupted run
         # has the arms that matter most
         arms=("sft", "bicrl_robust", "e2e_dice", "e2e_robust", "bicrl_dice"),

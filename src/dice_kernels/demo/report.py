@@ -233,7 +233,8 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
              f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their SFT "
-             f"solutions the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); benchmarks: "
+             f"solutions the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); RL on "
+             f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
              f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",
              "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task). RL: "

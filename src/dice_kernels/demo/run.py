@@ -242,8 +242,8 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     timings = Timings.load(cfg.out / "timings.json")
     gaps: list[Gap] = []
     w = cfg.world
-    echo(f"world: {w.n_train} train, {w.n_valid} validation, {w.n_heldout} held-out, {w.n_novel} novel tasks "
-         f"(seed {w.seed})")
+    echo(f"world: {w.n_train} train, {w.n_rl or 'the train'} RL, {w.n_valid} validation, {w.n_heldout} held-out, "
+         f"{w.n_novel} novel tasks (seed {w.seed})")
     files = timings.run("world", stage_world, cfg)
     tokenizer = timings.run("tokenizer", stage_tokenizer, cfg, files)
     init = timings.run("init", stage_init, cfg, tokenizer)

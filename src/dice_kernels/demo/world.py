@@ -20,8 +20,8 @@ from dice_kernels.data.format import rl_e2e_tasks, rl_infill_tasks, sft_rows, wr
 from dice_kernels.data.infill import split_program
 from dice_kernels.data.records import PairRecord, write_jsonl, write_records
 
-TRAIN, VALID, HELDOUT, NOVEL = "train", "valid", "heldout", "novel"
-SPLITS = (TRAIN, VALID, HELDOUT, NOVEL)
+TRAIN, RL, VALID, HELDOUT, NOVEL = "train", "rl", "valid", "heldout", "novel"
+SPLITS = (TRAIN, RL, VALID, HELDOUT, NOVEL)
 FAST, SLOW, SHORTCUT = "fast", "slow", "shortcut"  # solution variants of a train task's SFT pair
 VARIANTS = (FAST, SLOW, SHORTCUT)
 BACKENDS = ("cpu", "cuda")
@@ -124,7 +124,7 @@ class WorldTask:
     id: str
     name: str
     problem_id: int
-    split: str  # train | valid | heldout | novel
+    split: str  # train | rl | valid | heldout | novel
     family: str
     level: int
     reference: str  # the KernelBench-format PyTorch program
@@ -239,8 +239,20 @@ def cpu_source(spec: Spec) -> str:
 }}"""
 
 
+def _launcher(spec: Spec) -> str:
+    """The CUDA unit's host function: the tensors' addresses as integers, so the unit needs no torch header."""
+    return f"void fused({', '.join(f'int64_t {a}' for a in spec.args)}, int64_t out, int64_t rows, int64_t cols)"
+
+
+def _addresses(spec: Spec) -> str:
+    """The launcher's pointer arguments, cast from the integers it takes."""
+    return ", ".join(f"(const float*){a}" for a in spec.args)
+
+
 def cuda_source(spec: Spec) -> str:
-    """The CUDA kernel: one thread per element, or one thread per row for a reduction; and its launcher."""
+    """The CUDA kernel: one thread per element, or one thread per row for a reduction; and its launcher. ModelNew
+    allocates the output and passes addresses (cuda_program), so the unit includes no torch header: it builds in
+    ~2 s instead of ~25 (the harness's bare attempt, compiling/light_headers.py)."""
     params = ", ".join(f"const float* p{a}" for a in spec.args)
     red = _REDUCTIONS.get(spec.reduction)
     if red:
@@ -263,18 +275,16 @@ def cuda_source(spec: Spec) -> str:
     po[i] = v;"""
         count = "rows * cols"
     body = "\n".join(line for line in body.split("\n") if line.strip())
-    launch_args = ", ".join(f"{a}.data_ptr<float>()" for a in spec.args)
-    return f"""// {_forward_def(spec)}
+    return f"""#include <cstdint>
+
+// {_forward_def(spec)}
 __global__ void fused_kernel({params}, float* po, int64_t rows, int64_t cols) {{
 {body}
 }}
 
-{_signature(spec)} {{
-    int64_t rows = x.size(0), cols = x.size(1);
-    auto out = torch::empty({_out_shape(spec)}, x.options());
+{_launcher(spec)} {{
     int64_t n = {count};
-    fused_kernel<<<(n + 255) / 256, 256>>>({launch_args}, out.data_ptr<float>(), rows, cols);
-    return out;
+    fused_kernel<<<(n + 255) / 256, 256>>>({_addresses(spec)}, (float*)out, rows, cols);
 }}"""
 
 
@@ -326,10 +336,14 @@ def slow_cpu_source(spec: Spec) -> str:
 
 
 def slow_cuda_source(spec: Spec) -> str:
-    """Correct but op by op: one kernel launch per op over the buffer `t`, then a row kernel for the reduction."""
+    """Correct but op by op: one kernel launch per op, in place over the output (or, before a reduction, over a
+    scratch buffer the launcher allocates), then a row kernel for the reduction."""
     params = ", ".join(f"const float* p{a}" for a in spec.args)
+    red = _REDUCTIONS.get(spec.reduction)
+    buffer = "pt" if red else "(float*)out"
     kernels, launches = [], []
-    args = ", ".join(f"{a}.data_ptr<float>()" for a in spec.args)
+    if red and spec.ops:
+        launches += ["    float* pt = nullptr;", "    cudaMalloc(&pt, rows * cols * sizeof(float));"]
     for k, (line, text) in enumerate(_pass_lines(spec)[:len(spec.ops)]):
         op = _OPS[spec.ops[k]]
         stmt = (op.cuda or op.cpp).format(c=_const(spec.consts[k]) if spec.consts[k] is not None else "")
@@ -343,34 +357,26 @@ def slow_cuda_source(spec: Spec) -> str:
     {stmt}
     pt[i] = v;
 }}""")
-        launches.append(f"    step{k}_kernel<<<(rows * cols + 255) / 256, 256>>>(pt, {args}, pt, rows, cols);")
-    red = _REDUCTIONS.get(spec.reduction)
+        launches.append(f"    step{k}_kernel<<<(rows * cols + 255) / 256, 256>>>({buffer}, {_addresses(spec)}, {buffer}, "
+                        "rows, cols);")
     if red:
-        src = "pt" if spec.ops else "px"
-        kernels.append(f"""__global__ void reduce_kernel(const float* pt, const float* px, float* po, int64_t rows, int64_t cols) {{
+        src = "pt" if spec.ops else "(const float*)x"
+        kernels.append(f"""__global__ void reduce_kernel(const float* pt, float* po, int64_t rows, int64_t cols) {{
     int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (r >= rows) return;
     float acc = {red.init};
     for (int64_t c = 0; c < cols; ++c) {{
-        float v = {src}[r * cols + c];
+        float v = pt[r * cols + c];
         // {forward_lines(spec)[-1]}
         {red.cuda_update}
     }}
     {red.store}
 }}""")
-        launches.append("    auto out = torch::empty({rows}, x.options());")
-        launches.append("    reduce_kernel<<<(rows + 255) / 256, 256>>>(t.data_ptr<float>(), x.data_ptr<float>(), "
-                        "out.data_ptr<float>(), rows, cols);")
-        launches.append("    return out;")
-    else:
-        launches.append("    return t;")
-    return f"// {_forward_def(spec)}\n" + "\n\n".join(kernels) + f"""
-
-{_signature(spec)} {{
-    int64_t rows = x.size(0), cols = x.size(1);
-    auto t = torch::empty({{rows, cols}}, x.options());
-    float* pt = t.data_ptr<float>();
-""" + "\n".join(launches) + "\n}"
+        launches.append(f"    reduce_kernel<<<(rows + 255) / 256, 256>>>({src}, (float*)out, rows, cols);")
+        if spec.ops:
+            launches.append("    cudaFree(pt);")
+    return (f"#include <cstdint>\n\n// {_forward_def(spec)}\n" + "\n\n".join(kernels)
+            + f"\n\n{_launcher(spec)} {{\n" + "\n".join(launches) + "\n}")
 
 
 def shortcut_source(spec: Spec) -> str:
@@ -393,14 +399,24 @@ def shortcut_source(spec: Spec) -> str:
 _IMPORTS = "import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
 
 
-def _model_new(spec: Spec) -> str:
+def _model_new(spec: Spec, cuda: bool = False) -> str:
+    """ModelNew calling the extension's `fused`: with the tensors (C++), or for CUDA with the output it allocates
+    and every tensor's address."""
     args = ", ".join(spec.args)
+    if cuda:
+        shape = "x.shape[0]" if spec.reduction else "x.shape[0], x.shape[1]"
+        call = ", ".join(f"{a}.data_ptr()" for a in [*spec.args, "out"])
+        body = f"""out = x.new_empty({shape})
+        ext.fused({call}, x.shape[0], x.shape[1])
+        return out"""
+    else:
+        body = f"return ext.fused({args})"
     return f'''class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
 
     def forward(self, {args}):
-        return ext.fused({args})
+        {body}
 '''
 
 
@@ -414,9 +430,9 @@ def cpu_program(spec: Spec, source: str | None = None) -> str:
 def cuda_program(spec: Spec, source: str | None = None) -> str:
     """A CUDA extension program: the fused one-kernel template unless another `source` is given."""
     return (f'{_IMPORTS}\nsource = """\n{cuda_source(spec) if source is None else source}\n"""\n\n'
-            f'cpp_src = "{_signature(spec)};"\n\n'
+            f'cpp_src = "{_launcher(spec)};"\n\n'
             'ext = load_inline(name="fused", cpp_sources=cpp_src, cuda_sources=source, functions=["fused"])\n\n\n'
-            f"{_model_new(spec)}")
+            f"{_model_new(spec, cuda=True)}")
 
 
 def solutions(spec: Spec, variant: str) -> tuple[str, str]:
@@ -446,11 +462,14 @@ def family_split(family: str, seed: int, novel_fraction: float) -> str:
     return NOVEL if _unit(seed, family) < novel_fraction else TRAIN
 
 
-def instance_split(code: str, seed: int, shares: tuple[float, float]) -> str:
-    """An instance of a trained family goes to HELDOUT, VALID or TRAIN by a seeded hash of its program, with
-    probabilities (heldout, valid) and the rest."""
+def instance_split(code: str, seed: int, shares: tuple[float, float, float]) -> str:
+    """An instance of a trained family goes to HELDOUT, VALID, RL or TRAIN by a seeded hash of its program, with
+    probabilities (heldout, valid, rl) and the rest."""
     u = _unit(seed + 1, code)
-    return HELDOUT if u < shares[0] else VALID if u < shares[0] + shares[1] else TRAIN
+    for split, bound in zip((HELDOUT, VALID, RL), (shares[0], shares[0] + shares[1], sum(shares))):
+        if u < bound:
+            return split
+    return TRAIN
 
 
 def train_variant(code: str, seed: int, shortcut_fraction: float, slow_fraction: float) -> str:
@@ -474,10 +493,11 @@ def random_spec(rng: random.Random, rows: tuple[int, ...] = ROWS, cols: tuple[in
 class WorldSizes:
     """How many tasks each split gets, and the shares that decide splits and solution variants."""
 
-    n_train: int
+    n_train: int  # SFT's tasks (and RL's, without n_rl)
     n_heldout: int  # new instances of trained families: the primary benchmark
     n_valid: int = 0  # other new instances of trained families: settings are chosen here
     n_novel: int = 0  # families never trained: the generalisation column
+    n_rl: int = 0  # RL's tasks: new instances of trained families whose solutions SFT never saw (0: the train tasks)
     novel_fraction: float = 0.2  # share of multi-step families never trained
     shortcut_fraction: float = 0.0  # share of train tasks whose SFT solution is the libtorch shortcut
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
@@ -485,7 +505,7 @@ class WorldSizes:
     cols: tuple[int, ...] = COLS  # and its column counts
 
     def __post_init__(self) -> None:
-        if min(self.n_train, self.n_heldout, self.n_valid, self.n_novel) < 0:
+        if min(self.n_train, self.n_heldout, self.n_valid, self.n_novel, self.n_rl) < 0:
             raise ConfigError("world sizes must be >= 0")
         if not self.rows or not self.cols or min(self.rows + self.cols) < 1:
             raise ConfigError(f"world.rows and world.cols need sizes >= 1; got {list(self.rows)}, {list(self.cols)}")
@@ -496,11 +516,14 @@ class WorldSizes:
 
 def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
     """Distinct tasks for every split, deterministic in `seed`, ordered train, valid, heldout, novel, each by id.
-    Held-out and validation tasks are new programs (shapes, constants, spellings, variable) of trained families."""
+    Held-out, validation and RL tasks are new programs (shapes, constants, spellings, variable) of trained
+    families."""
     rng = random.Random(seed)
-    want = {TRAIN: sizes.n_train, VALID: sizes.n_valid, HELDOUT: sizes.n_heldout, NOVEL: sizes.n_novel}
-    trained = sizes.n_train + sizes.n_valid + sizes.n_heldout
-    shares = (sizes.n_heldout / trained, sizes.n_valid / trained) if trained else (0.0, 0.0)
+    want = {TRAIN: sizes.n_train, RL: sizes.n_rl, VALID: sizes.n_valid, HELDOUT: sizes.n_heldout,
+            NOVEL: sizes.n_novel}
+    trained = sizes.n_train + sizes.n_rl + sizes.n_valid + sizes.n_heldout
+    shares = ((sizes.n_heldout / trained, sizes.n_valid / trained, sizes.n_rl / trained) if trained
+              else (0.0, 0.0, 0.0))
     found: dict[str, list[Spec]] = {split: [] for split in want}
     seen: set[str] = set()
     trained: set[str] = set()  # families with a train instance so far
@@ -540,8 +563,10 @@ class WorldFiles:
 
     pairs: Path  # PairRecord JSONL, every task with its solution (a train task's may be slow or the shortcut)
     sft: Path  # SFT rows (e2e + infill) of the train tasks
-    rl_infill: Path  # phase 1 task set: train tasks whose solution is a kernel (not the shortcut) around the core
-    rl_e2e: Path  # phase 2 task set (train tasks)
+    # phase 1 task set: RL tasks (without an RL split: train tasks whose solution is a kernel, not the shortcut),
+    # the prefix and suffix of their fused solution given
+    rl_infill: Path
+    rl_e2e: Path  # phase 2 task set: RL tasks (without an RL split: the train tasks)
     train_tasks: Path  # Task JSONL
     valid_tasks: Path  # Task JSONL: new instances of trained families, for choosing settings
     heldout_tasks: Path  # Task JSONL: new instances of trained families, the primary benchmark
@@ -565,16 +590,17 @@ def write_world(tasks: list[WorldTask], out_dir: Path, backend: str) -> WorldFil
     out_dir.mkdir(parents=True, exist_ok=True)
     recs = records(tasks, backend)
     train = [r for r, t in zip(recs, tasks) if t.split == TRAIN]
-    kernels = {t.id for t in tasks if t.split == TRAIN and t.variant != SHORTCUT}
-    splits = {r.id: split_program(r.kernel) for r in train}
+    rl = [r for r, t in zip(recs, tasks) if t.split == RL] or train
+    kernels = {t.id for t in tasks if t.split in (TRAIN, RL) and t.variant != SHORTCUT}
+    splits = {r.id: split_program(r.kernel) for r in train + rl}
     files = WorldFiles(pairs=out_dir / "pairs.jsonl", sft=out_dir / "sft.jsonl", rl_infill=out_dir / "rl_infill.jsonl",
                        rl_e2e=out_dir / "rl_e2e.jsonl", train_tasks=out_dir / "train_tasks.jsonl",
                        valid_tasks=out_dir / "valid_tasks.jsonl", heldout_tasks=out_dir / "heldout_tasks.jsonl",
                        novel_tasks=out_dir / "novel_tasks.jsonl")
     write_records(files.pairs, recs)
     write_sft(sft_rows(train, splits, backend=backend), out_dir)
-    write_table(rl_infill_tasks([r for r in train if r.id in kernels], splits, backend=backend), out_dir, "rl_infill")
-    write_table(rl_e2e_tasks(train, backend=backend), out_dir, "rl_e2e")
+    write_table(rl_infill_tasks([r for r in rl if r.id in kernels], splits, backend=backend), out_dir, "rl_infill")
+    write_table(rl_e2e_tasks(rl, backend=backend), out_dir, "rl_e2e")
     for split, path in ((TRAIN, files.train_tasks), (VALID, files.valid_tasks), (HELDOUT, files.heldout_tasks),
                         (NOVEL, files.novel_tasks)):
         write_jsonl(path, task_rows([t for t in tasks if t.split == split]))

@@ -142,8 +142,9 @@ class _Attempt:
 
 def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str) -> list[_Attempt]:
     """The attempts in order, the last the candidate's own sources. `headers` names the CUDA unit's torch headers
-    (compiling/speed.py): "lean" (light sources, ATen's umbrellas cut to the operators they name), "light" (without
-    <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". A lighter attempt's main.cpp
+    (compiling/speed.py): "bare" (none: sources that name nothing of torch), "lean" (light sources, ATen's umbrellas
+    cut to the operators they name), "light" (without <torch/extension.h>; only where the lean umbrellas cannot be
+    written) or "own". A lighter attempt's main.cpp
     takes the light torch/extension.h where the cpp_sources only declare functions. One lighter attempt, not
     two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers compiled
     all 16 DICE kernels measured (`8c4f433`)."""
@@ -151,7 +152,8 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
     from dice_kernels.harness.compiling.speed import normalize_cflags, pch_file, pch_wait_environment
-    from dice_kernels.harness.compiling.light_headers import declarations_only, lean_cuda_arguments, light_cuda_sources
+    from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only,
+                                                              lean_cuda_arguments, light_cuda_sources)
 
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
@@ -169,9 +171,13 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
 
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
-    lean = lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include")) if job.light_headers else None
+    bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
+    lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))
+            if job.light_headers and bare is None else None)
     light = light_cuda_sources(arguments.get("cuda_sources")) if job.light_headers else None
-    if lean is not None:
+    if bare is not None:
+        first = ("bare", bare)
+    elif lean is not None:
         first = ("lean", lean)
     elif light is not None:
         first = ("light", {**arguments, "cuda_sources": light})

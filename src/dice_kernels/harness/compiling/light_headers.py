@@ -1,5 +1,6 @@
-"""Lighter torch headers for a `load_inline` build, none of which changes what the candidate's code means: the CUDA
-unit without `#include <torch/extension.h>` (`light_cuda_sources`), ATen's umbrella headers cut to the operators
+"""Lighter torch headers for a `load_inline` build, none of which changes what the candidate's code means: no torch
+header at all for CUDA sources that name nothing of torch (`bare_cuda_arguments`), the CUDA unit without
+`#include <torch/extension.h>` (`light_cuda_sources`), ATen's umbrella headers cut to the operators
 the sources name (`lean_cuda_arguments`), and a `torch/extension.h` without the C++ frontend for a `main.cpp`
 whose sources only declare functions (`light_extension_header`, `declarations_only`). A build tries them first
 and falls back to the candidate's own sources (compiling/in_sandbox.py); compiling/speed.py precompiles the headers."""
@@ -16,6 +17,9 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # allowed when they call nothing)
 _DECLARATION = re.compile(r"[\w:<>,\s*&]*[\w>*&][\s*&]+\w+\s*\([^(){}\"';]*\)\s*(?:const\s*)?")
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
+# the namespaces and the class a CUDA unit names when it uses torch (its macros, TORCH_CHECK and the like, fail to
+# compile without the header, so the build falls back)
+_TORCH_NAMES = re.compile(r"\b(torch|at|c10|caffe2|Tensor)\b")
 _NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
 
 
@@ -37,6 +41,21 @@ def light_cuda_sources(sources) -> list[str] | None:
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
+
+
+def bare_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
+    """`load_inline` arguments for the bare attempt, or None: CUDA sources that name nothing of torch (comments
+    aside) compile with an empty header under `include_dir` found for the `#include <torch/types.h>` load_inline
+    puts at their top, so nvcc parses the kernels and CUDA's headers only (~1 s against ~25 s). Code that compiles
+    without torch's declarations names none of them, so they cannot change what it means; code that uses torch
+    anyway fails to compile and the build falls back to the candidate's own sources."""
+    texts = _texts(arguments.get("cuda_sources"))
+    if not texts or any(_TORCH_NAMES.search(_COMMENT.sub(" ", t)) for t in texts):
+        return None
+    stub = include_dir / "torch" / "types.h"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text("// dice-kernels: these CUDA sources name nothing of torch (harness/compiling/light_headers.py)\n")
+    return {**arguments, "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []), f"-I{include_dir}"]}
 
 
 def light_extension_header(text: str) -> str | None:
