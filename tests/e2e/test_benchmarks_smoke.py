@@ -15,9 +15,8 @@ import pytest
 from conftest import REPO
 
 BENCH = REPO / "benchmarks"
-# kernelbench_style.py is a module of eval_throughput.py (its smoke runs it); robust_check_false_positives.py has
-# no --smoke yet
-NOT_SCRIPTS = {"kernelbench_style.py", "robust_check_false_positives.py"}
+# kernelbench_style.py is a module of eval_throughput.py (its smoke runs it)
+NOT_SCRIPTS = {"kernelbench_style.py"}
 
 
 def _smoke(script: str, *args: str, cwd: Path, timeout: float = 300) -> str:
@@ -98,6 +97,18 @@ def test_eval_throughput_and_kernelbench_style(tmp_path, build_cache):
 
 
 @pytest.mark.slow  # four passes over two examples, each starting its workers
+def test_robust_check_false_positives_resumes(tmp_path, build_cache):
+    out = _smoke("robust_check_false_positives.py", "--cache-dir", str(build_cache), "--out", "fp.json", cwd=tmp_path)
+    assert "3 to evaluate" in out and "| smoke | 3 | 33.3 | 33.3 | 33.3 |" in out  # the correct ReLU only
+    first = _json(tmp_path / "fp.json")
+    assert first["done"] == 3 and first["outcomes_by_set"]["smoke"] == {"correct": 1, "value_mismatch": 1,
+                                                                        "python_error": 1}
+    # a second run over the same --out evaluates nothing again and reports the same rows
+    again = _smoke("robust_check_false_positives.py", "--cache-dir", str(build_cache), "--out", "fp.json",
+                   cwd=tmp_path)
+    assert "0 to evaluate" in again and _json(tmp_path / "fp.json")["rows"] == first["rows"]
+
+
 def test_warm_workers(tmp_path, build_cache):
     out = _smoke("warm_workers.py", "--cache-dir", str(build_cache), "--out", "w.json", cwd=tmp_path)
     doc = _json(tmp_path / "w.json")
