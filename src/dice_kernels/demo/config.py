@@ -1,6 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
-per scale (cpu: 18 minutes of two idle cores; gpu: ~24 minutes of stages on one H200, estimated from a run that
-did all but one arm's benchmarks; docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
+per scale (cpu: 18 minutes of two idle cores; gpu: over 25 minutes of stages on one H200, estimated from a run cut
+after its first RL steps; docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -190,8 +190,8 @@ def preset(scale: str, out: Path) -> DemoConfig:
         # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
         # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
         sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
-        # every distinct rollout is a CUDA build: ~6 s of a core for the world's kernels, whose CUDA unit includes
-        # no torch header (~27 s with one). With a fresh AdamW every step each update moves every weight by ~lr
+        # every distinct rollout is a CUDA build; the world's CUDA units include no torch header, and a step of 32
+        # rollouts took 24-37 s on 16 cores (H200, f7efcce), as 16 took with torch in the unit. With a fresh AdamW every step each update moves every weight by ~lr
         # whatever the signal (the first is sign(g) * lr), so the rate is chosen on the validation split: at 2e-4
         # and one update a step (H200, 2026-12-04) RL changed 87 of 128 greedy outputs and Exec did not move; of
         # 2e-5 and 1e-4 with 32-row updates (~one per trained rollout) validation preferred 2e-5
