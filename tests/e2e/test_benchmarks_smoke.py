@@ -109,6 +109,30 @@ def test_robust_check_false_positives_resumes(tmp_path, build_cache):
     assert "0 to evaluate" in again and _json(tmp_path / "fp.json")["rows"] == first["rows"]
 
 
+def test_rl_learning_probe(tmp_path):
+    """The template reward pays the template whatever its indentation, nothing else; the probe runs end to end."""
+    import random
+
+    from dice_kernels.demo.world import cuda_program, random_spec
+    from dice_kernels.harness import candidate_from_text
+    from dice_kernels.tasks import Task
+
+    sys.path.insert(0, str(BENCH))
+    from rl_learning_probe import TemplateReward, normalised
+
+    program = cuda_program(random_spec(random.Random(0)))
+    reward = TemplateReward({"t": normalised(program)})
+    task = Task(id="t", name="t", code="")
+    reindented = program.replace("    ", "  ")
+    changed = program.replace("(n + 255) / 256", "(n + 127) / 128")  # another launch: not the template
+    assert reward.score(0, [(task, candidate_from_text(f"```python\n{c}\n```", id=str(k)))
+                            for k, c in enumerate((program, reindented, changed, ""))]).rewards == [1, 1, 0, 0]
+    out = _smoke("rl_learning_probe.py", "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert "| rl.lr | updates |" in out
+    run = _json(tmp_path / "p" / "probe.json")["runs"][0]
+    assert [e["step"] for e in run["validation"]] == [0, 1, 2] and len(run["train_reward"]) == 2
+
+
 def test_warm_workers(tmp_path, build_cache):
     out = _smoke("warm_workers.py", "--cache-dir", str(build_cache), "--out", "w.json", cwd=tmp_path)
     doc = _json(tmp_path / "w.json")

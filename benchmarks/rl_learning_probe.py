@@ -1,0 +1,191 @@
+"""Does the RL update move the policy where its reward points, and does that carry to tasks it never trained on?
+
+The demo world's end-to-end RL (train/rl/trainer.py's RLStep, the demo preset's rollout and update settings) with a
+reward that needs no build: 1 when a rollout's program is its task's template solution line for line (indentation
+and blank lines aside), else 0. For the demo's templates that is a proxy of execution — a template program is
+correct, and nearly every program that differs from it computes something else (a wrong op, constant or
+reduction copied from the prompt) — so this measures the RL machinery and its settings (rate, steps, groups)
+without a harness: every step costs a rollout and an update only. What it cannot show: the robust check, partial
+credit, speed, or a correct program written another way (paid 0 here).
+
+Each rate in --lrs starts from the same SFT checkpoint and trains --steps steps on the world's RL tasks; before it
+and every --eval-every steps the greedy programs of the validation tasks are scored the same way. Printed: the
+train reward per step (mean over the step's rollouts) and the validation match rate with Wilson intervals, and the
+paired difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The world and SFT come from the demo
+stages (`dice demo`'s own functions; an --out that has them is reused):
+
+    python benchmarks/rl_learning_probe.py --scale cpu --out runs/probe --steps 40 --lrs 1e-4,3e-4 \\
+        --set world.n_rl=512 --set world.n_valid=64
+
+--smoke: a world of a few tasks, a tiny model and 30 SFT steps, two RL steps at one rate (CPU, about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+
+def normalised(code: str | None) -> tuple[str, ...]:
+    """The program's lines without indentation and blank lines: what "the template, line for line" compares."""
+    return tuple(line.strip() for line in (code or "").splitlines() if line.strip())
+
+
+class TemplateReward:
+    """A reward service for RLStep (`score(step, pairs)`) paying 1 for a program equal to its task's template."""
+
+    def __init__(self, templates: dict[str, tuple[str, ...]]):
+        self.templates = templates
+
+    def score(self, step: int, pairs: list):
+        from dice_kernels.train.rl.reward import StepRewards
+
+        start = time.monotonic()
+        rewards = [float(normalised(cand.code) == self.templates[task.id]) for task, cand in pairs]
+        matched = int(sum(rewards))
+        return StepRewards(rewards=rewards, results=[], seconds=time.monotonic() - start,
+                           outcomes={"template": matched, "other": len(rewards) - matched})
+
+
+def prepare(cfg, echo) -> tuple:
+    """The demo's world, tokenizer, init and SFT stages (each skipped when its outputs exist)."""
+    from dice_kernels.demo.run import stage_init, stage_sft, stage_tokenizer, stage_world
+
+    files = stage_world(cfg)
+    tokenizer = stage_tokenizer(cfg, files)
+    init = stage_init(cfg, tokenizer)
+    echo(f"SFT: {cfg.sft.steps} steps -> {cfg.out / 'sft'}")
+    return files, stage_sft(cfg, files, init, tokenizer)
+
+
+def validation_tasks(cfg, files):
+    """The validation split as end-to-end RL tasks (prompts as the RL rollouts and the benchmark word them)."""
+    from dice_kernels.data.format import rl_e2e_tasks, write_table
+    from dice_kernels.data.records import read_records
+    from dice_kernels.train.rl.curriculum import load_task_set
+
+    valid = [r for r in read_records(files.pairs) if r.provenance["split"] == "valid"]
+    if not valid:
+        raise SystemExit("the world has no validation tasks: add --set world.n_valid=64")
+    (cfg.out / "probe").mkdir(parents=True, exist_ok=True)
+    path, _ = write_table(rl_e2e_tasks(valid, backend=cfg.backend), cfg.out / "probe", "valid_tasks")
+    return load_task_set(path, "e2e")
+
+
+def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, list[float]]:
+    """{task id: [1.0 or 0.0]} of the policy's greedy programs."""
+    from dice_kernels.train.rl.rollout import generate_rollouts
+
+    r = step_fn.rollout
+    sampling = dataclasses.replace(r.sampling(), temperature=0.0, seed=0)  # greedy, as the benchmark decodes
+    policy = step_fn.policy.refresh(step_fn.model)  # the unsharded copy the rollouts decode with
+    rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, 1, "e2e", step_fn.backend, sampling,
+                                 r.batch_rows, 1_000 + at, step_fn.stop_ids)
+    return {x.task.id: [float(normalised(x.candidate.code) == reward.templates[x.task.id])] for x in rollouts}
+
+
+def run_rate(cfg, files, sft: Path, lr: float, args, valid, reward: TemplateReward, dist, echo) -> dict:
+    """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every."""
+    from dice_kernels.demo.stats import paired_difference, rate_interval, wilson
+    from dice_kernels.train.config import ModelSection, OptimConfig, ParallelConfig
+    from dice_kernels.train.distributed import attention_backend, param_dtype
+    from dice_kernels.train.model_setup import build_model, load_tokenizer_for
+    from dice_kernels.train.optim import build_optimizer
+    from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+    from dice_kernels.train.rl.curriculum import Curriculum, load_task_set
+    from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
+    from dice_kernels.demo.run import new_tokens
+
+    r = cfg.rl
+    section = ModelSection(checkpoint=str(sft))
+    parallel = ParallelConfig()
+    tokenizer = load_tokenizer_for(section)
+    model = build_model(section, parallel, dist, tokenizer)
+    optimizer = build_optimizer(model, OptimConfig(lr=lr, warmup_fraction=0.0))
+    rollout = RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
+                            temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group,
+                            seed=cfg.world.seed)
+    update = UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update, reset_optimizer=r.reset_optimizer)
+    step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, 1.0, attention_backend(parallel, dist.device),
+                     cfg.backend, dist, PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
+    curriculum = Curriculum(load_task_set(files.rl_e2e, "e2e"), r.tasks_per_step, "mixed", cfg.world.seed)
+    evals = {0: greedy_scores(step_fn, valid, reward, 0)}
+    train, updates = [], 0
+    for step in range(args.steps):
+        stats = step_fn(step, "e2e", curriculum.next_batch())
+        train.append(stats.reward_mean)
+        updates += len(stats.updates)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            evals[step + 1] = greedy_scores(step_fn, valid, reward, step + 1)
+        echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
+             f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates)"
+             + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
+    n = r.tasks_per_step * r.group
+    last = max(evals)
+    diff = paired_difference(evals[last], evals[0], (f"step {last}", "SFT"))
+    return {"lr": lr, "updates": updates,
+            "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n))}
+                             for k, m in enumerate(train)],
+            "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
+            "last_minus_sft": {**dataclasses.asdict(diff.diff), "verdict": diff.verdict,
+                               "gained": sum(evals[last][t][0] > evals[0][t][0] for t in evals[0]),
+                               "lost": sum(evals[last][t][0] < evals[0][t][0] for t in evals[0])}}
+
+
+def smoke_overrides() -> list[str]:
+    return ["world.n_train=40", "world.n_heldout=2", "world.n_valid=6", "world.n_rl=8", "model.hidden_size=32",
+            "model.intermediate_size=64", "model.num_hidden_layers=1", "model.num_attention_heads=2",
+            "model.num_key_value_heads=1", "model.head_dim=16", "sft.steps=30", "rl.tasks_per_step=2", "rl.group=2"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", default="cpu", choices=("cpu", "gpu"), help="the demo preset the world and SFT use")
+    ap.add_argument("--out", type=Path, required=True, help="the demo folder (world/, sft/ reused) and probe.json")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a demo setting, as `dice demo --set` (e.g. world.n_rl=512, world.n_valid=64)")
+    ap.add_argument("--lrs", default="1e-4", help="comma list of RL learning rates, each a run from SFT")
+    ap.add_argument("--steps", type=int, default=40, help="RL steps per rate")
+    ap.add_argument("--eval-every", type=int, default=10, help="validation scored every this many steps")
+    ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
+    args = ap.parse_args()
+    from dice_kernels.data.records import read_records
+    from dice_kernels.demo.config import load_config
+    from dice_kernels.train.distributed import init_distributed, shutdown
+
+    overrides = [*smoke_overrides(), *args.overrides] if args.smoke else args.overrides
+    if args.smoke:
+        args.steps, args.eval_every, args.lrs = 2, 1, args.lrs.split(",")[0]
+    cfg = load_config(args.scale, args.out, overrides, progress=False)
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, export_every=0))
+    echo = print
+    files, sft = prepare(cfg, echo)
+    templates = {r.id: normalised(r.kernel) for r in read_records(files.pairs)}
+    reward = TemplateReward(templates)
+    valid = validation_tasks(cfg, files)
+    dist = init_distributed()
+    try:
+        runs = [run_rate(cfg, files, sft, float(lr), args, valid, reward, dist, echo) for lr in args.lrs.split(",")]
+    finally:
+        shutdown()
+    print(f"\n{len(valid)} validation tasks, greedy; train reward: mean of {cfg.rl.tasks_per_step} x {cfg.rl.group} "
+          "rollouts a step (template match)\n")
+    print("| rl.lr | updates | train reward, first / last 5 steps | validation: SFT -> last | last − SFT (paired) |")
+    print("|---|---|---|---|---|")
+    for run in runs:
+        tr, va, d = run["train_reward"], run["validation"], run["last_minus_sft"]
+        head = sum(x["mean"] for x in tr[:5]) / len(tr[:5])
+        tail = sum(x["mean"] for x in tr[-5:]) / len(tr[-5:])
+        print(f"| {run['lr']:g} | {run['updates']} | {100 * head:.1f} / {100 * tail:.1f} % | "
+              f"{100 * va[0]['value']:.1f} -> {100 * va[-1]['value']:.1f} % "
+              f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {100 * d['value']:+.1f} "
+              f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] ({d['gained']} gained, {d['lost']} lost) |")
+    (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
+                                                    "validation_tasks": len(valid), "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
