@@ -515,7 +515,8 @@ class WorldSizes:
 
 
 def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
-    """Distinct tasks for every split, deterministic in `seed`, ordered train, valid, heldout, novel, each by id.
+    """Distinct tasks for every split, deterministic in `seed`, ordered as SPLITS (train, rl, valid, heldout,
+    novel), each by id.
     Held-out, validation and RL tasks are new programs (shapes, constants, spellings, variable) of trained
     families."""
     rng = random.Random(seed)

@@ -144,10 +144,9 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     """The attempts in order, the last the candidate's own sources. `headers` names the CUDA unit's torch headers
     (compiling/speed.py): "bare" (none: sources that name nothing of torch), "lean" (light sources, ATen's umbrellas
     cut to the operators they name), "light" (without <torch/extension.h>; only where the lean umbrellas cannot be
-    written) or "own". A lighter attempt's main.cpp
-    takes the light torch/extension.h where the cpp_sources only declare functions. One lighter attempt, not
-    two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers compiled
-    all 16 DICE kernels measured (`8c4f433`)."""
+    written) or "own". A lighter attempt's main.cpp takes the light torch/extension.h where the cpp_sources only
+    declare functions. One lighter attempt, not two: a candidate with a real compile error pays for every attempt,
+    and on the H200 the lean headers compiled all 16 DICE kernels measured (`8c4f433`)."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
