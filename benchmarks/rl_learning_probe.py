@@ -1,10 +1,10 @@
 """Does the RL update move the policy where its reward points, and does that carry to tasks it never trained on?
 
 The demo world's end-to-end RL (train/rl/trainer.py's RLStep, the demo preset's rollout and update settings) with a
-reward that needs no build: 1 when a rollout's program is its task's template solution line for line (indentation
-and blank lines aside), else 0. For the demo's templates that is a proxy of execution — a template program is
-correct, and nearly every program that differs from it computes something else (a wrong op, constant or
-reduction copied from the prompt) — so this measures the RL machinery and its settings (rate, steps, groups)
+reward that needs no build: 1 when a rollout's program is one of its task's template solutions (fused or op by op)
+line for line (indentation, `//` comments and blank lines aside), else 0. For the demo's templates that is a proxy of execution —
+a template program is correct, and nearly every program that differs from them computes something else (a wrong
+op, constant or reduction copied from the prompt) — so this measures the RL machinery and its settings (rate, steps, groups)
 without a harness: every step costs a rollout and an update only. What it cannot show: the robust check, partial
 credit, speed, or a correct program written another way (paid 0 here).
 
@@ -30,21 +30,27 @@ from pathlib import Path
 
 
 def normalised(code: str | None) -> tuple[str, ...]:
-    """The program's lines without indentation and blank lines: what "the template, line for line" compares."""
-    return tuple(line.strip() for line in (code or "").splitlines() if line.strip())
+    """The program's lines without indentation, `//` comments and blank lines: what "the template, line for line"
+    compares (a template's comments copy the task's forward lines, which a correct program may copy differently)."""
+    lines = (line.split("//", 1)[0].strip() for line in (code or "").splitlines())
+    return tuple(line for line in lines if line)
 
 
 class TemplateReward:
-    """A reward service for RLStep (`score(step, pairs)`) paying 1 for a program equal to its task's template."""
+    """A reward service for RLStep (`score(step, pairs)`) paying 1 for a program equal to one of its task's
+    templates."""
 
-    def __init__(self, templates: dict[str, tuple[str, ...]]):
+    def __init__(self, templates: dict[str, set[tuple[str, ...]]]):
         self.templates = templates
+
+    def paid(self, task_id: str, code: str | None) -> float:
+        return float(normalised(code) in self.templates[task_id])
 
     def score(self, step: int, pairs: list):
         from dice_kernels.train.rl.reward import StepRewards
 
         start = time.monotonic()
-        rewards = [float(normalised(cand.code) == self.templates[task.id]) for task, cand in pairs]
+        rewards = [self.paid(task.id, cand.code) for task, cand in pairs]
         matched = int(sum(rewards))
         return StepRewards(rewards=rewards, results=[], seconds=time.monotonic() - start,
                            outcomes={"template": matched, "other": len(rewards) - matched})
@@ -84,7 +90,7 @@ def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, 
     policy = step_fn.policy.refresh(step_fn.model)  # the unsharded copy the rollouts decode with
     rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, 1, "e2e", step_fn.backend, sampling,
                                  r.batch_rows, 1_000 + at, step_fn.stop_ids)
-    return {x.task.id: [float(normalised(x.candidate.code) == reward.templates[x.task.id])] for x in rollouts}
+    return {x.task.id: [reward.paid(x.task.id, x.candidate.code)] for x in rollouts}
 
 
 def run_rate(cfg, files, sft: Path, lr: float, args, valid, reward: TemplateReward, dist, echo) -> dict:
@@ -152,8 +158,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10, help="validation scored every this many steps")
     ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
     args = ap.parse_args()
-    from dice_kernels.data.records import read_records
     from dice_kernels.demo.config import load_config
+    from dice_kernels.demo.world import FAST, SLOW, build_world, solutions
     from dice_kernels.train.distributed import init_distributed, shutdown
 
     overrides = [*smoke_overrides(), *args.overrides] if args.smoke else args.overrides
@@ -163,8 +169,9 @@ def main() -> None:
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, export_every=0))
     echo = print
     files, sft = prepare(cfg, echo)
-    templates = {r.id: normalised(r.kernel) for r in read_records(files.pairs)}
-    reward = TemplateReward(templates)
+    backend = 0 if cfg.backend == "cpu" else 1
+    tasks = build_world(cfg.world.seed, cfg.world.sizes())  # the world stage's tasks, with their specs
+    reward = TemplateReward({t.id: {normalised(solutions(t.spec, v)[backend]) for v in (FAST, SLOW)} for t in tasks})
     valid = validation_tasks(cfg, files)
     dist = init_distributed()
     try:

@@ -110,7 +110,8 @@ def test_robust_check_false_positives_resumes(tmp_path, build_cache):
 
 
 def test_rl_learning_probe(tmp_path):
-    """The template reward pays the template whatever its indentation, nothing else; the probe runs end to end."""
+    """The template reward pays the template whatever its indentation and comments, nothing else; the probe runs
+    end to end."""
     import random
 
     from dice_kernels.demo.world import cuda_program, random_spec
@@ -121,9 +122,9 @@ def test_rl_learning_probe(tmp_path):
     from rl_learning_probe import TemplateReward, normalised
 
     program = cuda_program(random_spec(random.Random(0)))
-    reward = TemplateReward({"t": normalised(program)})
+    reward = TemplateReward({"t": {normalised(program)}})
     task = Task(id="t", name="t", code="")
-    reindented = program.replace("    ", "  ")
+    reindented = program.replace("    ", "  ").replace("// def forward", "// forward")  # layout, comments
     changed = program.replace("(n + 255) / 256", "(n + 127) / 128")  # another launch: not the template
     assert reward.score(0, [(task, candidate_from_text(f"```python\n{c}\n```", id=str(k)))
                             for k, c in enumerate((program, reindented, changed, ""))]).rewards == [1, 1, 0, 0]

@@ -131,6 +131,7 @@ class WorldTask:
     cpu: str  # ModelNew with a C++ extension (cpp_sources only): what the CPU backend runs
     cuda: str  # ModelNew with a CUDA kernel
     variant: str = FAST  # which solution cpu / cuda hold (train tasks only carry slow or shortcut ones)
+    spec: Spec | None = None  # what decided the program (its other solutions: `solutions(spec, variant)`)
 
     def solution(self, backend: str) -> str:
         return self.cpu if backend == "cpu" else self.cuda
@@ -554,7 +555,7 @@ def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
             cpu, cuda = solutions(spec, variant)
             tasks.append(WorldTask(id=f"demo-{split}/{k}", name=f"{k}_{spec.family.replace('>', '_')}",
                                    problem_id=k, split=split, family=spec.family, level=spec.level, reference=code,
-                                   cpu=cpu, cuda=cuda, variant=variant))
+                                   cpu=cpu, cuda=cuda, variant=variant, spec=spec))
     return tasks
 
 
