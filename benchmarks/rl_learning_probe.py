@@ -2,22 +2,24 @@
 
 The demo world's end-to-end RL (train/rl/trainer.py's RLStep, the demo preset's rollout and update settings) with a
 reward that needs no build: 1 when a rollout's program is one of its task's template solutions (fused or op by op)
-line for line (indentation, `//` comments and blank lines aside), else 0. For the demo's templates that is a proxy of execution —
-a template program is correct, and nearly every program that differs from them computes something else (a wrong
-op, constant or reduction copied from the prompt) — so this measures the RL machinery and its settings (rate, steps, groups)
-without a harness: every step costs a rollout and an update only. What it cannot show: the robust check, partial
-credit, speed, or a correct program written another way (paid 0 here).
+line for line (indentation, `//` comments and blank lines aside), else 0. For the demo's templates that is a proxy
+of execution — a template program is correct, and nearly every program that differs from them computes something
+else (a wrong op, constant or reduction copied from the prompt) — so this measures the RL machinery and its
+settings (rate, steps, groups) without a harness: a step costs a rollout and an update only. What it cannot show:
+the robust check, partial credit, speed, or a correct program written another way (paid 0 here).
 
 Each rate in --lrs starts from the same SFT checkpoint and trains --steps steps on the world's RL tasks; before it
 and every --eval-every steps the greedy programs of the validation tasks are scored the same way. Printed: the
-train reward per step (mean over the step's rollouts) and the validation match rate with Wilson intervals, and the
-paired difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The world and SFT come from the demo
-stages (`dice demo`'s own functions; an --out that has them is reused):
+train reward per step (mean over the step's rollouts), the validation match rate with Wilson intervals, and the
+paired difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last
+validation figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result.
+The world and SFT come from the demo stages (`dice demo`'s own functions; an --out that has them is reused; give a
+new --out when world sizes change):
 
     python benchmarks/rl_learning_probe.py --scale cpu --out runs/probe --steps 40 --lrs 1e-4,3e-4 \\
-        --set world.n_rl=512 --set world.n_valid=64
+        --set world.n_rl=512 --set world.n_valid=128
 
---smoke: a world of a few tasks, a tiny model and 30 SFT steps, two RL steps at one rate (CPU, about a minute).
+--smoke: a world of a few tasks, a tiny model and 30 SFT steps, two RL steps at one rate (CPU, seconds).
 """
 
 from __future__ import annotations
@@ -67,17 +69,17 @@ def prepare(cfg, echo) -> tuple:
     return files, stage_sft(cfg, files, init, tokenizer)
 
 
-def validation_tasks(cfg, files):
-    """The validation split as end-to-end RL tasks (prompts as the RL rollouts and the benchmark word them)."""
+def split_tasks(cfg, files, split: str):
+    """A split's tasks as end-to-end RL tasks (prompts as the RL rollouts and the benchmark word them)."""
     from dice_kernels.data.format import rl_e2e_tasks, write_table
     from dice_kernels.data.records import read_records
     from dice_kernels.train.rl.curriculum import load_task_set
 
-    valid = [r for r in read_records(files.pairs) if r.provenance["split"] == "valid"]
-    if not valid:
-        raise SystemExit("the world has no validation tasks: add --set world.n_valid=64")
+    chosen = [r for r in read_records(files.pairs) if r.provenance["split"] == split]
+    if not chosen:
+        raise SystemExit(f"the world has no {split} tasks: add --set world.n_{split}=64")
     (cfg.out / "probe").mkdir(parents=True, exist_ok=True)
-    path, _ = write_table(rl_e2e_tasks(valid, backend=cfg.backend), cfg.out / "probe", "valid_tasks")
+    path, _ = write_table(rl_e2e_tasks(chosen, backend=cfg.backend), cfg.out / "probe", f"{split}_tasks")
     return load_task_set(path, "e2e")
 
 
@@ -93,9 +95,10 @@ def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, 
     return {x.task.id: [reward.paid(x.task.id, x.candidate.code)] for x in rollouts}
 
 
-def run_rate(cfg, files, sft: Path, lr: float, args, valid, reward: TemplateReward, dist, echo) -> dict:
-    """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every."""
-    from dice_kernels.demo.stats import paired_difference, rate_interval, wilson
+def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: TemplateReward, dist, echo) -> dict:
+    """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every, and
+    the held-out scores of SFT and of the last policy (reported only for the rate validation chooses)."""
+    from dice_kernels.demo.stats import rate_interval, wilson
     from dice_kernels.train.config import ModelSection, OptimConfig, ParallelConfig
     from dice_kernels.train.distributed import attention_backend, param_dtype
     from dice_kernels.train.model_setup import build_model, load_tokenizer_for
@@ -119,6 +122,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, reward: TemplateRewa
                      cfg.backend, dist, PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
     curriculum = Curriculum(load_task_set(files.rl_e2e, "e2e"), r.tasks_per_step, "mixed", cfg.world.seed)
     evals = {0: greedy_scores(step_fn, valid, reward, 0)}
+    heldout_sft = greedy_scores(step_fn, heldout, reward, 0)
     train, updates = [], 0
     for step in range(args.steps):
         stats = step_fn(step, "e2e", curriculum.next_batch())
@@ -131,14 +135,24 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, reward: TemplateRewa
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
     n = r.tasks_per_step * r.group
     last = max(evals)
-    diff = paired_difference(evals[last], evals[0], (f"step {last}", "SFT"))
     return {"lr": lr, "updates": updates,
             "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n))}
                              for k, m in enumerate(train)],
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
-            "last_minus_sft": {**dataclasses.asdict(diff.diff), "verdict": diff.verdict,
-                               "gained": sum(evals[last][t][0] > evals[0][t][0] for t in evals[0]),
-                               "lost": sum(evals[last][t][0] < evals[0][t][0] for t in evals[0])}}
+            "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
+            "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),
+                        "last": dataclasses.asdict(rate_interval(final := greedy_scores(step_fn, heldout, reward, last))),
+                        "last_minus_sft": compare(final, heldout_sft, f"step {last}")}}
+
+
+def compare(after: dict[str, list[float]], before: dict[str, list[float]], name: str) -> dict:
+    """after − before over the tasks (95 % paired bootstrap), with the tasks gained and lost."""
+    from dice_kernels.demo.stats import paired_difference
+
+    diff = paired_difference(after, before, (name, "SFT"))
+    return {**dataclasses.asdict(diff.diff), "verdict": diff.verdict,
+            "gained": sum(after[t][0] > before[t][0] for t in before),
+            "lost": sum(after[t][0] < before[t][0] for t in before)}
 
 
 def smoke_overrides() -> list[str]:
@@ -172,10 +186,11 @@ def main() -> None:
     backend = 0 if cfg.backend == "cpu" else 1
     tasks = build_world(cfg.world.seed, cfg.world.sizes())  # the world stage's tasks, with their specs
     reward = TemplateReward({t.id: {normalised(solutions(t.spec, v)[backend]) for v in (FAST, SLOW)} for t in tasks})
-    valid = validation_tasks(cfg, files)
+    valid, heldout = split_tasks(cfg, files, "valid"), split_tasks(cfg, files, "heldout")
     dist = init_distributed()
     try:
-        runs = [run_rate(cfg, files, sft, float(lr), args, valid, reward, dist, echo) for lr in args.lrs.split(",")]
+        runs = [run_rate(cfg, files, sft, float(lr), args, valid, heldout, reward, dist, echo)
+                for lr in args.lrs.split(",")]
     finally:
         shutdown()
     print(f"\n{len(valid)} validation tasks, greedy; train reward: mean of {cfg.rl.tasks_per_step} x {cfg.rl.group} "
@@ -190,8 +205,18 @@ def main() -> None:
               f"{100 * va[0]['value']:.1f} -> {100 * va[-1]['value']:.1f} % "
               f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {100 * d['value']:+.1f} "
               f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] ({d['gained']} gained, {d['lost']} lost) |")
+    # the rate is chosen on the validation split (the last evaluation; the smaller rate on a tie), and only its
+    # held-out figures are the result: the held-out set plays no part in the choice
+    chosen = max(sorted(runs, key=lambda x: x["lr"]), key=lambda x: x["validation"][-1]["value"])
+    h = chosen["heldout"]
+    d = h["last_minus_sft"]
+    print(f"\nchosen on validation: rl.lr {chosen['lr']:g}. Held-out ({len(heldout)} tasks): SFT "
+          f"{100 * h['sft']['value']:.1f} % -> {100 * h['last']['value']:.1f} % [{100 * h['last']['lo']:.1f}, "
+          f"{100 * h['last']['hi']:.1f}]; paired {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] "
+          f"({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
     (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
-                                                    "validation_tasks": len(valid), "runs": runs}, indent=1))
+                                                    "validation_tasks": len(valid), "heldout_tasks": len(heldout),
+                                                    "chosen_lr": chosen["lr"], "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

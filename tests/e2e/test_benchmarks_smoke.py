@@ -130,8 +130,10 @@ def test_rl_learning_probe(tmp_path):
                             for k, c in enumerate((program, reindented, changed, ""))]).rewards == [1, 1, 0, 0]
     out = _smoke("rl_learning_probe.py", "--out", str(tmp_path / "p"), cwd=tmp_path)
     assert "| rl.lr | updates |" in out
+    assert "chosen on validation: rl.lr" in out
     run = _json(tmp_path / "p" / "probe.json")["runs"][0]
     assert [e["step"] for e in run["validation"]] == [0, 1, 2] and len(run["train_reward"]) == 2
+    assert set(run["heldout"]) == {"sft", "last", "last_minus_sft"}
 
 
 def test_warm_workers(tmp_path, build_cache):
