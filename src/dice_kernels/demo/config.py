@@ -187,14 +187,16 @@ def preset(scale: str, out: Path) -> DemoConfig:
                            cols=(1024, 2048, 4096)),
         model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                          num_key_value_heads=2, head_dim=64),
-        # stopped early: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL had nothing to learn;
-        # at 800, 31-50 % of the RL rollouts were correct, so RL groups have reward variance
+        # stopped early when RL drew the train tasks: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL
+        # had nothing to learn; at 800, 31-50 % were. On the RL split (tasks SFT never saw) that reason is gone and
+        # the step count is open (docs/demo.md)
         sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
         # every distinct rollout is a CUDA build; the world's CUDA units include no torch header, and a step of 32
-        # rollouts took 24-37 s on 16 cores (H200, f7efcce), as 16 took with torch in the unit. With a fresh AdamW every step each update moves every weight by ~lr
-        # whatever the signal (the first is sign(g) * lr), so the rate is chosen on the validation split: at 2e-4
-        # and one update a step (H200, 2026-12-04) RL changed 87 of 128 greedy outputs and Exec did not move; of
-        # 2e-5 and 1e-4 with 32-row updates (~one per trained rollout) validation preferred 2e-5
+        # rollouts took 24-37 s on 16 cores (H200, f7efcce), as 16 took with torch in the unit. With a fresh AdamW
+        # every step each update moves every weight by ~lr whatever the signal (the first is sign(g) * lr), so the
+        # rate is chosen on the validation split: at 2e-4 and one update a step (H200, 2026-12-04) RL changed 87 of
+        # 128 greedy outputs and Exec did not move; of 2e-5 and 1e-4 with 32-row updates (~one per trained rollout)
+        # validation preferred 2e-5
         rl=RLSection(infill_steps=4, e2e_steps=8, tasks_per_step=8, group=4, lr=1e-5, lr_grid=(1e-5, 3e-5),
                      export_every=6),
         # the primary comparison (BiC-RL with our reward against SFT) first, then DICE's reward: an interrupted run
