@@ -113,13 +113,15 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: Tem
     parallel = ParallelConfig()
     tokenizer = load_tokenizer_for(section)
     model = build_model(section, parallel, dist, tokenizer)
-    optimizer = build_optimizer(model, OptimConfig(lr=lr, warmup_fraction=0.0))
+    optim = OptimConfig(lr=lr, warmup_fraction=0.0)  # as the demo's RL stage: constant, no warm-up
+    optimizer = build_optimizer(model, optim)
     rollout = RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
                             temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group,
                             seed=cfg.world.seed)
     update = UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update, reset_optimizer=r.reset_optimizer)
-    step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, 1.0, attention_backend(parallel, dist.device),
-                     cfg.backend, dist, PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
+    step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, optim.grad_clip,
+                     attention_backend(parallel, dist.device), cfg.backend, dist,
+                     PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
     curriculum = Curriculum(load_task_set(files.rl_e2e, "e2e"), r.tasks_per_step, "mixed", cfg.world.seed)
     evals = {0: greedy_scores(step_fn, valid, reward, 0)}
     heldout_sft = greedy_scores(step_fn, heldout, reward, 0)
