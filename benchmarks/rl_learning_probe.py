@@ -98,27 +98,22 @@ def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, 
 def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: TemplateReward, dist, echo) -> dict:
     """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every, and
     the held-out scores of SFT and of the last policy (reported only for the rate validation chooses)."""
+    from dice_kernels.demo.run import rl_sections
     from dice_kernels.demo.stats import rate_interval, wilson
-    from dice_kernels.train.config import ModelSection, OptimConfig, ParallelConfig
+    from dice_kernels.train.config import ModelSection, ParallelConfig
     from dice_kernels.train.distributed import attention_backend, param_dtype
     from dice_kernels.train.model_setup import build_model, load_tokenizer_for
     from dice_kernels.train.optim import build_optimizer
-    from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
     from dice_kernels.train.rl.curriculum import Curriculum, load_task_set
     from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
-    from dice_kernels.demo.run import new_tokens
 
     r = cfg.rl
     section = ModelSection(checkpoint=str(sft))
     parallel = ParallelConfig()
     tokenizer = load_tokenizer_for(section)
     model = build_model(section, parallel, dist, tokenizer)
-    optim = OptimConfig(lr=lr, warmup_fraction=0.0)  # as the demo's RL stage: constant, no warm-up
+    rollout, update, optim = rl_sections(cfg.at_lr(lr), files)  # as the demo's RL arms train
     optimizer = build_optimizer(model, optim)
-    rollout = RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
-                            temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group,
-                            seed=cfg.world.seed)
-    update = UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update, reset_optimizer=r.reset_optimizer)
     step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, optim.grad_clip,
                      attention_backend(parallel, dist.device), cfg.backend, dist,
                      PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))

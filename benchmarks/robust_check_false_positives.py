@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dice_kernels.data.sources import load_leaderboard
-from dice_kernels.harness import EvalConfig, Evaluator, candidate_from_text
+from dice_kernels.harness import EvalConfig, Evaluator, Outcome, candidate_from_text
 from dice_kernels.tasks import Task, load_task_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
@@ -57,7 +57,7 @@ def smoke_pairs() -> list:
 
 
 def row_of(r) -> dict:
-    passed = r.robust.passed_comparison if r.robust else r.outcome.value in ("correct", "partial")
+    passed = r.robust.passed_comparison if r.robust else r.outcome.passes
     return {"candidate": r.candidate_id, "level": r.level, "outcome": r.outcome.value, "passed_outputs": passed,
             "deceptive_kind": r.deceptive_kind,
             "error": r.error[:300], "extension": asdict(r.extension) if r.extension else None,
@@ -78,7 +78,7 @@ def exec_table(rows: list[dict]) -> dict[str, dict]:
     for group in sorted({group_of(x) for x in rows}):
         mine = [x for x in rows if group_of(x) == group]
         pct = lambda n: round(100 * n / len(mine), 1)  # noqa: E731
-        table[group] = {"n": len(mine), "exec_kb_rule": pct(sum(x["outcome"] in ("correct", "partial") for x in mine)),
+        table[group] = {"n": len(mine), "exec_kb_rule": pct(sum(Outcome(x["outcome"]).passes for x in mine)),
                         "exec_strict": pct(sum(x["outcome"] == "correct" for x in mine)),
                         "exec_before_check": pct(sum(bool(x.get("passed_outputs")) for x in mine))}
     return table

@@ -171,8 +171,9 @@ class DemoConfig:
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
     train reward per RL step as the learning curve, 18 min of 2 idle cores from an empty build cache. gpu: all five
-    arms on 128 held-out tasks with CUDA kernels, rl.lr chosen on the validation split, a held-out learning curve,
-    ~1,450 s of stages on an H200 (estimated from the 2026-12-04 run at b204e05, which ran 1,351 s of them)."""
+    arms on 128 held-out tasks with CUDA kernels, RL on its own split, rl.lr chosen on the validation split, a
+    held-out learning curve; over 1,500 s of stages on an H200 (estimated from a run at f7efcce cut after its first
+    RL steps)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
         # every C++ candidate is ~19 s of a core: two arms and four RL steps are what 20 minutes of 2 cores hold

@@ -150,12 +150,26 @@ def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Pat
                      echo=lambda m: None)
 
 
+def rl_sections(cfg: DemoConfig, files: WorldFiles) -> tuple:
+    """(RolloutConfig, UpdateConfig, OptimConfig) of the demo's RL: what every arm and benchmarks/rl_learning_probe.py
+    train with."""
+    from dice_kernels.train.config import OptimConfig
+    from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
+
+    r = cfg.rl
+    return (RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
+                          temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group,
+                          seed=cfg.world.seed),
+            UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update, reset_optimizer=r.reset_optimizer),
+            OptimConfig(lr=r.lr, warmup_fraction=0.0))
+
+
 def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
     """One RL arm from the SFT checkpoint into cfg.rl_dir(arm): end-to-end RL only, or the infilling phase first,
     then the same end-to-end steps (DICE's schedule); rewarded by DICE's rule or ours (demo/config.py's ARMS)."""
-    from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection, OptimConfig
+    from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection
     from dice_kernels.train.rl.reward import RewardConfig
-    from dice_kernels.train.rl.config import RLConfig, RLLoopConfig, RLTasksConfig, RolloutConfig, UpdateConfig
+    from dice_kernels.train.rl.config import RLConfig, RLLoopConfig, RLTasksConfig
     from dice_kernels.train.rl.trainer import run_rl
 
     out = cfg.rl_dir(arm)
@@ -163,20 +177,17 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
         return out / "final"
     r = cfg.rl
     spec = ARMS[arm]
+    rollout, update, optim = rl_sections(cfg, files)
     loop = (RLLoopConfig(phase="e2e", infill_steps=0, e2e_steps=r.e2e_steps) if spec.phase == "e2e"
             else RLLoopConfig(phase="schedule", infill_steps=r.infill_steps, e2e_steps=r.e2e_steps))
     rl = RLConfig(
         out_dir=str(out), model=ModelSection(checkpoint=str(start)),
         # mixed order: a handful of steps taken in level order would only ever see single operators
         tasks=RLTasksConfig(infill=str(files.rl_infill), e2e=str(files.rl_e2e), order="mixed", seed=cfg.world.seed),
-        rl=loop,
-        rollout=RolloutConfig(tasks_per_step=r.tasks_per_step, group=r.group, max_new_tokens=new_tokens(cfg, files),
-                              temperature=r.temperature, strategy=r.strategy, batch_rows=r.tasks_per_step * r.group, seed=cfg.world.seed),
-        update=UpdateConfig(micro_rows=r.group * 2, rows_per_update=r.rows_per_update,
-                            reset_optimizer=r.reset_optimizer),
+        rl=loop, rollout=rollout, update=update,
         reward=RewardConfig(backend=cfg.backend, trials=r.trials, rule=spec.rule,
                             speed_bonus=r.speed_bonus if spec.speed else 0.0),
-        optim=OptimConfig(lr=r.lr, warmup_fraction=0.0),
+        optim=optim,
         # a resumable state after every step: a step costs a round of builds, a save a fraction of a second
         checkpoint=CheckpointConfig(every_steps=1, keep=1, export_dtype="float32", export_every_steps=r.export_every),
         metrics=MetricsConfig(log_every=1, progress=cfg.progress, tensorboard=False),
