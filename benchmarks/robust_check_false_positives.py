@@ -24,11 +24,12 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+import dice_kernels
 from dice_kernels.data.sources import load_leaderboard
 from dice_kernels.harness import EvalConfig, Evaluator, Outcome, candidate_from_text
 from dice_kernels.tasks import Task, load_task_file
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
+EXAMPLES = Path(dice_kernels.__file__).parent / "examples"  # the package's own: in a checkout and in the wheel
 
 
 def dice_pairs(data: Path, n: int) -> list:
