@@ -19,6 +19,10 @@ new --out when world sizes change):
     python benchmarks/rl_learning_probe.py --scale cpu --out runs/probe --steps 40 --lrs 1e-4,3e-4 \\
         --set world.n_rl=512 --set world.n_valid=128
 
+Two narrower questions: `--rl-tasks N` trains on the first N RL tasks only (with N = rl.tasks_per_step every step
+sees the same tasks: can RL fit them at all?), and `--max-chain N` keeps the programs of at most N steps in every
+split (1: single operators, whose usual failure is the operator copied from the prompt).
+
 --smoke: a world of a few tasks, a tiny model and 30 SFT steps, two RL steps at one rate (CPU, seconds).
 """
 
@@ -69,6 +73,52 @@ def prepare(cfg, echo) -> tuple:
     return files, stage_sft(cfg, files, init, tokenizer)
 
 
+def operator_copy(cfg, files, checkpoint: Path, samples: int = 64) -> dict:
+    """Does the SFT model read the operator from the prompt? On up to `samples` of SFT's own end-to-end samples
+    (fused ones: the first `//` line after `float v = ` copies the task's first forward step, e.g.
+    `// x = torch.tanh(x)`), the three blocks from that line on are masked and everything before stays clean: the
+    SFT objective's own forward (train/sft/objective.py), each masked token its argmax. Counted: samples whose
+    line comes out exactly right. No sampling and no decoding order in the way, on data it trained on."""
+    import torch
+
+    from dice_kernels.data.records import read_jsonl
+    from dice_kernels.model.checkpoint import load_model
+    from dice_kernels.model.tokenizer import load_tokenizer
+    from dice_kernels.train.model_setup import pad_token_id
+    from dice_kernels.train.sft.objective import noisy_hidden_states, pack
+
+    tok, model, block = load_tokenizer(cfg.out / "tokenizer"), load_model(checkpoint).float().eval(), 4
+    mask_id = model.config.mask_token_id
+    right, seen = 0, 0
+    for row in read_jsonl(files.sft):
+        response, first = row["response"], row["response"].find("float v = ")
+        comment = row["response"].find("//", first)
+        if row["kind"] != "e2e" or first < 0 or comment < 0:
+            continue
+        start = response.rfind("\n", 0, comment) + 1
+        prompt = tok.encode(row["prompt"], add_special_tokens=False)
+        ids, before = (tok.encode(t, add_special_tokens=False) for t in (response, response[:start]))
+        if ids[:len(before)] != before:  # the line does not start on a token boundary: not comparable
+            continue
+        batch = pack([(prompt, ids)], block, pad_token_id(tok))
+        at = len(prompt) + len(before)
+        masked = torch.zeros_like(batch.response)
+        masked[0, max(at // block * block, len(prompt)): at // block * block + 3 * block] = True
+        masked &= batch.response
+        with torch.no_grad():
+            hidden = noisy_hidden_states(model, batch, torch.where(masked, mask_id, batch.input_ids), block, "dense")
+            logits = model.lm_head(hidden[masked])
+        logits[:, mask_id] = float("-inf")
+        predicted = batch.input_ids.clone()
+        predicted[masked] = logits.argmax(-1)
+        line = tok.decode(predicted[0, at:].tolist()).split("\n")[0].strip()
+        right += line == response[start:].split("\n")[0].strip()
+        seen += 1
+        if seen == samples:
+            break
+    return {"samples": seen, "right": right}
+
+
 def split_tasks(cfg, files, split: str):
     """A split's tasks as end-to-end RL tasks (prompts as the RL rollouts and the benchmark word them)."""
     from dice_kernels.data.format import rl_e2e_tasks, write_table
@@ -95,7 +145,8 @@ def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, 
     return {x.task.id: [reward.paid(x.task.id, x.candidate.code)] for x in rollouts}
 
 
-def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: TemplateReward, dist, echo) -> dict:
+def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: TemplateReward, keep, dist,
+             echo) -> dict:
     """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every, and
     the held-out scores of SFT and of the last policy (reported only for the rate validation chooses)."""
     from dice_kernels.demo.run import rl_sections
@@ -117,7 +168,10 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: Tem
     step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, optim.grad_clip,
                      attention_backend(parallel, dist.device), cfg.backend, dist,
                      PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
-    curriculum = Curriculum(load_task_set(files.rl_e2e, "e2e"), r.tasks_per_step, "mixed", cfg.world.seed)
+    rl_tasks = [t for t in load_task_set(files.rl_e2e, "e2e") if keep(t.id)][:args.rl_tasks or None]
+    if not rl_tasks:
+        raise SystemExit(f"no RL task has at most {args.max_chain} steps")
+    curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
     evals = {0: greedy_scores(step_fn, valid, reward, 0)}
     heldout_sft = greedy_scores(step_fn, heldout, reward, 0)
     train, updates = [], 0
@@ -167,6 +221,13 @@ def main() -> None:
     ap.add_argument("--lrs", default="1e-4", help="comma list of RL learning rates, each a run from SFT")
     ap.add_argument("--steps", type=int, default=40, help="RL steps per rate")
     ap.add_argument("--eval-every", type=int, default=10, help="validation scored every this many steps")
+    ap.add_argument("--rl-tasks", type=int, default=0,
+                    help="train on the first N RL tasks only (0: all): with N = rl.tasks_per_step every step sees the "
+                         "same tasks, so the train reward shows whether RL can fit them at all")
+    ap.add_argument("--max-chain", type=int, default=0,
+                    help="only tasks whose program has at most N steps (element-wise ops and the reduction), in "
+                         "RL, validation and held-out alike (0: all): 1 keeps single operators, where the SFT "
+                         "model's usual failure is the operator it copies from the prompt")
     ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
@@ -180,13 +241,24 @@ def main() -> None:
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, export_every=0))
     echo = print
     files, sft = prepare(cfg, echo)
+    copy = operator_copy(cfg, files, sft)
+    echo(f"SFT reads the operator from the prompt: the first operator line right in {copy['right']} of "
+         f"{copy['samples']} of its own training samples (teacher-forced, its blocks masked)")
     backend = 0 if cfg.backend == "cpu" else 1
     tasks = build_world(cfg.world.seed, cfg.world.sizes())  # the world stage's tasks, with their specs
     reward = TemplateReward({t.id: {normalised(solutions(t.spec, v)[backend]) for v in (FAST, SLOW)} for t in tasks})
-    valid, heldout = split_tasks(cfg, files, "valid"), split_tasks(cfg, files, "heldout")
+    steps = {t.id: len(t.spec.ops) + bool(t.spec.reduction) for t in tasks}
+
+    def keep(task_id: str) -> bool:
+        return not args.max_chain or steps[task_id] <= args.max_chain
+
+    valid, heldout = ([t for t in split_tasks(cfg, files, split) if keep(t.id)] for split in ("valid", "heldout"))
+    if not valid or not heldout:
+        raise SystemExit(f"--max-chain {args.max_chain} leaves {len(valid)} validation and {len(heldout)} held-out "
+                         "tasks: raise it, or the world's sizes")
     dist = init_distributed()
     try:
-        runs = [run_rate(cfg, files, sft, float(lr), args, valid, heldout, reward, dist, echo)
+        runs = [run_rate(cfg, files, sft, float(lr), args, valid, heldout, reward, keep, dist, echo)
                 for lr in args.lrs.split(",")]
     finally:
         shutdown()
@@ -212,6 +284,8 @@ def main() -> None:
           f"{100 * h['last']['hi']:.1f}]; paired {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] "
           f"({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
     (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
+                                                    "rl_tasks": args.rl_tasks, "max_chain": args.max_chain,
+                                                    "sft_operator_copy": copy,
                                                     "validation_tasks": len(valid), "heldout_tasks": len(heldout),
                                                     "chosen_lr": chosen["lr"], "runs": runs}, indent=1))
 
