@@ -73,52 +73,6 @@ def prepare(cfg, echo) -> tuple:
     return files, stage_sft(cfg, files, init, tokenizer)
 
 
-def operator_copy(cfg, files, checkpoint: Path, samples: int = 64) -> dict:
-    """Does the SFT model read the operator from the prompt? On up to `samples` of SFT's own end-to-end samples
-    (fused ones: the first `//` line after `float v = ` copies the task's first forward step, e.g.
-    `// x = torch.tanh(x)`), the three blocks from that line on are masked and everything before stays clean: the
-    SFT objective's own forward (train/sft/objective.py), each masked token its argmax. Counted: samples whose
-    line comes out exactly right. No sampling and no decoding order in the way, on data it trained on."""
-    import torch
-
-    from dice_kernels.data.records import read_jsonl
-    from dice_kernels.model.checkpoint import load_model
-    from dice_kernels.model.tokenizer import load_tokenizer
-    from dice_kernels.train.model_setup import pad_token_id
-    from dice_kernels.train.sft.objective import noisy_hidden_states, pack
-
-    tok, model, block = load_tokenizer(cfg.out / "tokenizer"), load_model(checkpoint).float().eval(), 4
-    mask_id = model.config.mask_token_id
-    right, seen = 0, 0
-    for row in read_jsonl(files.sft):
-        response, first = row["response"], row["response"].find("float v = ")
-        comment = row["response"].find("//", first)
-        if row["kind"] != "e2e" or first < 0 or comment < 0:
-            continue
-        start = response.rfind("\n", 0, comment) + 1
-        prompt = tok.encode(row["prompt"], add_special_tokens=False)
-        ids, before = (tok.encode(t, add_special_tokens=False) for t in (response, response[:start]))
-        if ids[:len(before)] != before:  # the line does not start on a token boundary: not comparable
-            continue
-        batch = pack([(prompt, ids)], block, pad_token_id(tok))
-        at = len(prompt) + len(before)
-        masked = torch.zeros_like(batch.response)
-        masked[0, max(at // block * block, len(prompt)): at // block * block + 3 * block] = True
-        masked &= batch.response
-        with torch.no_grad():
-            hidden = noisy_hidden_states(model, batch, torch.where(masked, mask_id, batch.input_ids), block, "dense")
-            logits = model.lm_head(hidden[masked])
-        logits[:, mask_id] = float("-inf")
-        predicted = batch.input_ids.clone()
-        predicted[masked] = logits.argmax(-1)
-        line = tok.decode(predicted[0, at:].tolist()).split("\n")[0].strip()
-        right += line == response[start:].split("\n")[0].strip()
-        seen += 1
-        if seen == samples:
-            break
-    return {"samples": seen, "right": right}
-
-
 def split_tasks(cfg, files, split: str):
     """A split's tasks as end-to-end RL tasks (prompts as the RL rollouts and the benchmark word them)."""
     from dice_kernels.data.format import rl_e2e_tasks, write_table
@@ -231,6 +185,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
+    from dice_kernels.demo.prompt_reading import operator_copy
     from dice_kernels.demo.world import FAST, SLOW, build_world, solutions
     from dice_kernels.train.distributed import init_distributed, shutdown
 
@@ -241,7 +196,7 @@ def main() -> None:
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, export_every=0))
     echo = print
     files, sft = prepare(cfg, echo)
-    copy = operator_copy(cfg, files, sft)
+    copy = operator_copy(files.sft, cfg.out / "tokenizer", sft)
     echo(f"SFT reads the operator from the prompt: the first operator line right in {copy['right']} of "
          f"{copy['samples']} of its own training samples (teacher-forced, its blocks masked)")
     backend = 0 if cfg.backend == "cpu" else 1

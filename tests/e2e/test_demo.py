@@ -80,6 +80,19 @@ def test_shortcut_and_slow_solutions_are_a_seeded_share_of_train_tasks_only(tmp_
         WorldSizes(n_train=1, n_heldout=1, shortcut_fraction=0.8, slow_fraction=0.3)
 
 
+def test_the_operator_line_is_the_comment_copying_the_first_forward_step():
+    """demo/prompt_reading.py scores the line that copies the task's first forward step, in every solution variant
+    on both backends, and nothing in a program without the forward comments."""
+    from dice_kernels.demo.prompt_reading import operator_line_start
+
+    spec = Spec(("tanh", "scale"), "sum", (None, 2.0), (0, 0, 0), "h", 8, 64)
+    for variant in (FAST, SLOW, SHORTCUT):
+        for program in solutions(spec, variant):
+            start = operator_line_start(program)
+            assert program[start:].split("\n")[0].strip() == "// h = torch.tanh(x)", (variant, program)
+    assert operator_line_start("x = 1  // def forward\n") is None
+
+
 def _covering_specs() -> list[Spec]:
     """Two long chains that use every op, the element-wise path and the reduction path."""
     ops = [op.name for op in OPS]
@@ -204,6 +217,10 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     [cmp] = [c for c in report["comparisons"] if c["a"].startswith("bicrl_dice (exec")]
     assert cmp["n"] == 2 and cmp["diff"]["lo"] <= cmp["diff"]["value"] <= cmp["diff"]["hi"]
     assert "A − B" in (out / "report.md").read_text() and (out / "curves.png").stat().st_size > 0
+    # 3 SFT steps of a tiny model cannot write the operator line, unmasked it would copy it: 0 of n, and said so
+    copy = report["sft_operator_copy"]
+    assert copy["samples"] > 0 and copy["right"] == 0
+    assert any("guesses the operator" in x for x in report["limits"])
     # rl.lr chosen on the validation split: a run per rate, each benchmarked there; the chosen run is the arm
     tuned = report["tuning"]
     assert [t["lr"] for t in tuned] == [1e-3, 3e-2] and [t["n"] for t in tuned] == [2, 2]

@@ -34,6 +34,14 @@ def test_a_small_cpu_run_states_what_it_cannot_show():
     assert "speed signal" in limits and "no held-out learning curve" in limits and "n_novel" in limits
 
 
+def test_an_sft_model_that_guesses_the_operator_is_named_as_the_ceiling_of_rl():
+    cfg = DemoConfig(out=Path("x"))
+    guessing = [x for x in scale_limits(cfg, copy={"samples": 64, "right": 3}) if "guesses the operator" in x]
+    assert len(guessing) == 1 and "3 of 64" in guessing[0]
+    assert not any("guesses the operator" in x for x in scale_limits(cfg, copy={"samples": 64, "right": 40}))
+    assert not any("guesses the operator" in x for x in scale_limits(cfg))
+
+
 def _results(path: Path, shas: dict[str, str]) -> Path:
     path.mkdir(parents=True)
     (path / "results.jsonl").write_text("".join(json.dumps({"task_id": t, "candidate_sha256": h}) + "\n"

@@ -162,6 +162,11 @@ class DemoConfig:
         so the tuning run at the chosen rate is the arm itself, not trained again."""
         return self.out / "tune" / f"{arm}-lr{self.rl.lr:g}" if arm == self.tuned_arm() else self.out / arm
 
+    @property
+    def operator_copy_file(self) -> Path:
+        """SFT's operator-copy figure (demo/prompt_reading.py), beside its run."""
+        return self.out / "sft" / "operator_copy.json"
+
     def valid_bench(self, arm: str) -> Path:
         """The validation benchmark of an arm (of the tuned arm: of its run at rl.lr)."""
         bench = self.out / "bench" / arm

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from dice_kernels.demo.config import ARMS, DemoConfig
+from dice_kernels.demo.prompt_reading import GUESSING_BELOW
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
 
 # per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, and what a check without
@@ -168,10 +169,16 @@ def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
     return out
 
 
-def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: dict | None = None) -> list[str]:
+def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: dict | None = None,
+                 copy: dict | None = None) -> list[str]:
     """What this run's scale cannot show (stated in the report, not left for the reader to guess); `spread`:
-    `timing_spread` of the run's benchmarks."""
+    `timing_spread` of the run's benchmarks; `copy`: SFT's operator-copy figure (demo/prompt_reading.py)."""
     limits = []
+    if copy and copy["samples"] and copy["right"] < GUESSING_BELOW * copy["samples"]:
+        limits.append(f"the SFT model guesses the operator: it writes the task's first operator line right in "
+                      f"{copy['right']} of {copy['samples']} of its own training samples (teacher-forced), so RL can "
+                      "re-weight its guesses but not teach it to read the prompt, and held-out gains from RL are not "
+                      "expected (a longer SFT is the setting to change: docs/demo.md)")
     if spread and spread["median_ratio"] > 1.5:
         limits.append(f"fast_1 is not comparable between arms: the same kernel, timed in several benchmark runs, "
                       f"moved {spread['median_ratio']:.1f}x from its fastest to its slowest time (median over "
@@ -225,10 +232,12 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     cmps = comparisons(cfg, arms)
     tuned = tuning(cfg)
     spread = timing_spread(sorted(p.parent for p in (cfg.out / "bench").glob("*/*/summary.json")))
+    copy = json.loads(cfg.operator_copy_file.read_text()) if cfg.operator_copy_file.is_file() else None
     report = {"scale": cfg.scale, "backend": cfg.backend,
               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows, "tuning": tuned,
               "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
-              "timing_spread": spread, "limits": scale_limits(cfg, rows, spread), "seconds": timings, "gaps": gaps}
+              "timing_spread": spread, "sft_operator_copy": copy, "limits": scale_limits(cfg, rows, spread, copy),
+              "seconds": timings, "gaps": gaps}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
@@ -237,6 +246,8 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
              f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",
+             *([f"SFT reads the task from the prompt: its first operator line right in {copy['right']} of "
+                f"{copy['samples']} of its own training samples (teacher-forced).", ""] if copy else []),
              "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task). RL: "
              "steps / optimizer updates / rollouts with a gradient (in groups with reward variance) of all rollouts; "
              "changed: held-out tasks whose greedy output differs from SFT's.", "",

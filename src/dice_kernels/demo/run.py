@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from dice_kernels.demo.config import ARMS, DemoConfig
+from dice_kernels.demo.prompt_reading import stage_operator_copy
 from dice_kernels.demo.world import WorldFiles, build_world, write_world
 
 
@@ -260,6 +261,9 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     init = timings.run("init", stage_init, cfg, tokenizer)
     echo(f"SFT: {cfg.sft.steps} steps from a random init -> {cfg.out / 'sft'}")
     sft = timings.run("sft", stage_sft, cfg, files, init, tokenizer)
+    copy = timings.run("sft operator copy", stage_operator_copy, files.sft, tokenizer, sft, cfg.operator_copy_file)
+    echo(f"SFT writes the task's first operator line right in {copy['right']} of {copy['samples']} of its own "
+         "training samples (teacher-forced)")
     if w.n_valid:
         timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks, cfg.valid_bench("sft"))
     why = _missing("dice_kernels.train.rl.trainer")
