@@ -21,8 +21,8 @@ def operator_line_start(response: str) -> int | None:
 
 
 def operator_copy(sft_rows: Path, tokenizer_dir: Path, checkpoint: Path, samples: int = 64) -> dict:
-    """{"samples": n, "right": k}: of up to `samples` end-to-end SFT rows, how many the model writes the operator
-    line of exactly right when the MASKED_BLOCKS blocks from that line on are masked and everything before stays
+    """{"samples": n, "right": k}: of up to `samples` end-to-end SFT rows, on how many the model writes the operator
+    line exactly right when the MASKED_BLOCKS blocks from that line on are masked and everything before stays
     clean, each masked token its argmax, through the SFT objective's own forward (train/sft/objective.py). No
     sampling and no decoding order in the way, on data the model trained on."""
     import torch
