@@ -99,7 +99,7 @@ def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, 
     return {x.task.id: [reward.paid(x.task.id, x.candidate.code)] for x in rollouts}
 
 
-def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: TemplateReward, keep, dist,
+def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, reward: TemplateReward, dist,
              echo) -> dict:
     """One RL run at `lr` from the SFT checkpoint: train rewards per step, validation scores every --eval-every, and
     the held-out scores of SFT and of the last policy (reported only for the rate validation chooses)."""
@@ -109,7 +109,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: Tem
     from dice_kernels.train.distributed import attention_backend, param_dtype
     from dice_kernels.train.model_setup import build_model, load_tokenizer_for
     from dice_kernels.train.optim import build_optimizer
-    from dice_kernels.train.rl.curriculum import Curriculum, load_task_set
+    from dice_kernels.train.rl.curriculum import Curriculum
     from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
 
     r = cfg.rl
@@ -122,9 +122,6 @@ def run_rate(cfg, files, sft: Path, lr: float, args, valid, heldout, reward: Tem
     step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, optim.grad_clip,
                      attention_backend(parallel, dist.device), cfg.backend, dist,
                      PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
-    rl_tasks = [t for t in load_task_set(files.rl_e2e, "e2e") if keep(t.id)][:args.rl_tasks or None]
-    if not rl_tasks:
-        raise SystemExit(f"no RL task has at most {args.max_chain} steps")
     curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
     evals = {0: greedy_scores(step_fn, valid, reward, 0)}
     heldout_sft = greedy_scores(step_fn, heldout, reward, 0)
@@ -185,9 +182,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
-    from dice_kernels.demo.prompt_reading import operator_copy
+    from dice_kernels.demo.prompt_reading import stage_operator_copy
     from dice_kernels.demo.world import FAST, SLOW, build_world, solutions
     from dice_kernels.train.distributed import init_distributed, shutdown
+    from dice_kernels.train.rl.curriculum import load_task_set
 
     overrides = [*smoke_overrides(), *args.overrides] if args.smoke else args.overrides
     if args.smoke:
@@ -196,7 +194,7 @@ def main() -> None:
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, export_every=0))
     echo = print
     files, sft = prepare(cfg, echo)
-    copy = operator_copy(files.sft, cfg.out / "tokenizer", sft)
+    copy = stage_operator_copy(files.sft, cfg.out / "tokenizer", sft, cfg.operator_copy_file)  # kept, as the demo keeps it
     echo(f"SFT reads the operator from the prompt: the first operator line right in {copy['right']} of "
          f"{copy['samples']} of its own training samples (teacher-forced, its blocks masked)")
     backend = 0 if cfg.backend == "cpu" else 1
@@ -211,9 +209,12 @@ def main() -> None:
     if not valid or not heldout:
         raise SystemExit(f"--max-chain {args.max_chain} leaves {len(valid)} validation and {len(heldout)} held-out "
                          "tasks: raise it, or the world's sizes")
+    rl_tasks = [t for t in load_task_set(files.rl_e2e, "e2e") if keep(t.id)][:args.rl_tasks or None]
+    if not rl_tasks:
+        raise SystemExit(f"no RL task has at most {args.max_chain} steps")
     dist = init_distributed()
     try:
-        runs = [run_rate(cfg, files, sft, float(lr), args, valid, heldout, reward, keep, dist, echo)
+        runs = [run_rate(cfg, files, sft, float(lr), args, rl_tasks, valid, heldout, reward, dist, echo)
                 for lr in args.lrs.split(",")]
     finally:
         shutdown()
