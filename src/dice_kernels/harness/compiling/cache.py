@@ -96,7 +96,7 @@ class BuildAcceleration:
 
     def job_fields(self) -> dict:
         return {"pch": self.pch, "pch_light": self.pch_light, "pch_compiler": self.pch_compiler,
-                "light_headers": self.enabled and self.cuda}
+                "light_headers": self.enabled}
 
     def finish(self) -> None:
         if self._thread is not None:

@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -120,7 +121,8 @@ def _build_in_order(original, attempts: list["_Attempt"], log: BuildLog):
         log.shortcuts[-1]["headers"].append(attempt.headers)
         try:
             with _environment(attempt.env):
-                return original(**{**attempt.arguments, "build_directory": str(attempt.directory)}), attempt
+                build = attempt.builder or original
+                return build(**{**attempt.arguments, "build_directory": str(attempt.directory)}), attempt
         except Exception:  # noqa: BLE001 - a lighter attempt failed: the next one decides
             if n == len(attempts):
                 raise
@@ -131,18 +133,21 @@ def _build_in_order(original, attempts: list["_Attempt"], log: BuildLog):
 
 @dataclass(frozen=True)
 class _Attempt:
-    """One try at building an extension: the CUDA unit's torch headers (`_build_attempts`), torch's arguments, the
-    build directory, and the environment it compiles in (None: as it is)."""
+    """One try at building an extension: the torch headers it compiles with (`_build_attempts`), torch's arguments,
+    the build directory, the environment it compiles in (None: as it is) and what builds it (None: torch's own
+    `load_inline`/`load`)."""
 
     headers: str
     arguments: dict
     directory: Path
     env: dict[str, str] | None = None
+    builder: Callable | None = None
 
 
 def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str) -> list[_Attempt]:
-    """The attempts in order, the last the candidate's own sources. `headers` names the CUDA unit's torch headers
-    (compiling/speed.py): "bare" (none: sources that name nothing of torch), "lean" (light sources, ATen's umbrellas
+    """The attempts in order, the last the candidate's own sources. `headers` names the torch headers of the CUDA unit
+    or of a C++-only module (compiling/speed.py): "bare" (none: sources that name nothing of torch; a C++-only module
+    is then built on Python's C API, compiling/bare_cpp.py), "lean" (light sources, ATen's umbrellas
     cut to the operators they name), "light" (without <torch/extension.h>; only where the lean umbrellas cannot be
     written) or "own". A lighter attempt's main.cpp takes the light torch/extension.h where the cpp_sources only
     declare functions. One lighter attempt, not two: a candidate with a real compile error pays for every attempt,
@@ -150,6 +155,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
+    from dice_kernels.harness.compiling.bare_cpp import build_bare_cpp, scalar_functions
     from dice_kernels.harness.compiling.speed import normalize_cflags, pch_file, pch_wait_environment
     from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only,
                                                               lean_cuda_arguments, light_cuda_sources)
@@ -170,6 +176,9 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
 
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
+    if job.light_headers and scalar_functions(arguments):
+        return [_Attempt("bare", dict(arguments), out, builder=build_bare_cpp),
+                replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
     lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))
             if job.light_headers and bare is None else None)

@@ -19,25 +19,30 @@ _DECLARATION = re.compile(r"[\w:<>,\s*&]*[\w>*&][\s*&]+\w+\s*\([^(){}\"';]*\)\s*
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
 # the namespaces and the class a CUDA unit names when it uses torch (its macros, TORCH_CHECK and the like, fail to
 # compile without the header, so the build falls back)
-_TORCH_NAMES = re.compile(r"\b(torch|at|c10|caffe2|Tensor)\b")
+TORCH_NAMES = re.compile(r"\b(torch|at|c10|caffe2|Tensor)\b")
 _NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
 
 
-def _texts(sources) -> list[str]:
+def strip_comments(text: str) -> str:
+    """C/C++ `text` with every comment replaced by a space."""
+    return _COMMENT.sub(" ", text)
+
+
+def source_texts(sources) -> list[str]:
     return [sources] if isinstance(sources, str) else list(sources or [])
 
 
-def _needs_full_header(sources) -> bool:
+def needs_full_header(sources) -> bool:
     """Whether the code visibly uses what only <torch/extension.h> declares (Python bindings, the C++ frontend):
     no lighter header is tried for it."""
-    return any(_NEEDS_BINDINGS.search(t) for t in _texts(sources))
+    return any(_NEEDS_BINDINGS.search(t) for t in source_texts(sources))
 
 
 def light_cuda_sources(sources) -> list[str] | None:
     """`sources` without `#include <torch/extension.h>`, or None when nothing would change or the code
     visibly needs what only that header declares."""
-    texts = _texts(sources)
-    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or _needs_full_header(texts):
+    texts = source_texts(sources)
+    if not any(_EXTENSION_INCLUDE.search(t) for t in texts) or needs_full_header(texts):
         return None
     return [_EXTENSION_INCLUDE.sub("// <torch/extension.h>: torch/types.h above declares what kernels use", t)
             for t in texts]
@@ -49,8 +54,8 @@ def bare_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
     puts at their top, so nvcc parses the kernels and CUDA's headers only (~1 s against ~25 s). Code that compiles
     without torch's declarations names none of them, so they cannot change what it means; code that uses torch
     anyway fails to compile and the build falls back to the candidate's own sources."""
-    texts = _texts(arguments.get("cuda_sources"))
-    if not texts or any(_TORCH_NAMES.search(_COMMENT.sub(" ", t)) for t in texts):
+    texts = source_texts(arguments.get("cuda_sources"))
+    if not texts or any(TORCH_NAMES.search(strip_comments(t)) for t in texts):
         return None
     stub = include_dir / "torch" / "types.h"
     stub.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +74,8 @@ def declarations_only(sources) -> bool:
     """Whether cpp_sources only declare functions (`T name(params);`, comments and preprocessor lines aside). Such
     code calls nothing and defines nothing, so the light header gives it the same meaning: a type it names from
     the frontend is not declared there and fails to compile."""
-    for text in _texts(sources):
-        code = "\n".join(line for line in _COMMENT.sub(" ", text).splitlines() if not line.lstrip().startswith("#"))
+    for text in source_texts(sources):
+        code = "\n".join(line for line in strip_comments(text).splitlines() if not line.lstrip().startswith("#"))
         if any(c in code for c in "{}\"'\\"):
             return False
         if not all(_DECLARATION.fullmatch(s.strip()) for s in code.split(";") if s.strip()):
@@ -101,7 +106,7 @@ def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> l
         import torch
 
         aten_dir = Path(torch.__file__).parent / "include" / "ATen"
-    names = {n for t in _texts(sources) for n in _IDENTIFIER.findall(t)}
+    names = {n for t in source_texts(sources) for n in _IDENTIFIER.findall(t)}
     try:
         umbrellas = {name: (aten_dir / name).read_text() for name in _OPS_INCLUDE}
     except OSError:
@@ -117,7 +122,7 @@ def lean_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
     include to drop), with the lean umbrellas written under `include_dir` and the flags that use them; None when
     there are no CUDA sources, the code needs the full header, or torch's umbrellas are not found."""
     sources = arguments.get("cuda_sources")
-    if not sources or _needs_full_header(sources):
+    if not sources or needs_full_header(sources):
         return None
     light = light_cuda_sources(sources)
     lighter = sources if light is None else light

@@ -1,0 +1,193 @@
+"""The bare C++ build: a C++-only `load_inline` whose sources name nothing of torch and whose bound functions take and
+return scalars (a kernel launcher's addresses and sizes) compiled as a plain CPython extension, the C API's argument
+parsing in place of pybind11's and no torch header: ~1 s of a core against ~13 s with torch's header."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, needs_full_header, source_texts,
+                                                          strip_comments)
+
+# what a scalar C++ type is received as from Python: (PyArg_ParseTuple format, the C variable it fills, how a
+# returned value becomes a Python object). pybind11's casters refuse a float for an integer and accept an int for a
+# float, as these formats do.
+_INTEGER = ("L", "long long", "PyLong_FromLongLong")
+_SCALARS = {
+    **dict.fromkeys(("int64_t", "long", "long int", "long long", "long long int", "ptrdiff_t", "intptr_t"), _INTEGER),
+    **dict.fromkeys(("int", "int32_t"), ("i", "int", "PyLong_FromLong")),
+    "float": ("f", "float", "PyFloat_FromDouble"),
+    "double": ("d", "double", "PyFloat_FromDouble"),
+    "bool": ("p", "int", "PyBool_FromLong"),
+}
+_QUALIFIERS = re.compile(r"\b(?:const|static|inline|extern|std::)\s*|::")
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
+
+# every standard header torch/extension.h includes (GCC 12, torch 2.13), so that code naming nothing of torch sees
+# the same standard declarations (which overload `abs(float)` picks, say) as under torch's header; one the compiler
+# lacks is left out (`__has_include`)
+STANDARD_HEADERS = (
+    "algorithm array atomic bit bitset cassert cctype cerrno chrono climits clocale cmath compare complex concepts "
+    "condition_variable cstddef cstdint cstdio cstdlib cstring ctime cwchar cwctype deque exception forward_list "
+    "functional initializer_list iomanip ios iosfwd iostream istream iterator limits list locale map memory mutex new "
+    "numbers numeric optional ostream queue ranges ratio semaphore set span sstream stack stdexcept stop_token "
+    "streambuf string string_view system_error thread tuple type_traits typeindex typeinfo unordered_map "
+    "unordered_set utility valarray variant vector version").split()
+
+
+@dataclass(frozen=True)
+class ScalarFunction:
+    """A function the module binds: its name, docstring, parameter types and return type (normalised: `int64_t`,
+    `double`, ...; "void" returns None)."""
+
+    name: str
+    doc: str
+    params: tuple[str, ...]
+    returns: str
+
+
+def _scalar_type(text: str) -> str | None:
+    """The normalised name of a scalar type as written (`const std::int64_t` -> `int64_t`), or None."""
+    name = " ".join(_QUALIFIERS.sub(" ", text).split())
+    return name if name in _SCALARS or name == "void" else None
+
+
+def _parameter_types(text: str) -> tuple[str, ...] | None:
+    """The types of a parameter list (`int64_t x, const float scale = 1`), or None when one is not a scalar."""
+    text = text.strip()
+    if text in ("", "void"):
+        return ()
+    types = []
+    for param in text.split(","):
+        declared = param.split("=")[0].split()
+        # `T name` or an unnamed `T`: the name is the last word unless the whole text is a type
+        kind = _scalar_type(" ".join(declared)) or _scalar_type(" ".join(declared[:-1]))
+        if kind is None or kind == "void":
+            return None
+        types.append(kind)
+    return tuple(types)
+
+
+def _signatures(code: str, name: str) -> set[tuple[str, tuple[str, ...]]]:
+    """(return type, parameter types) of every declaration or definition of `name` in `code`; a signature that is
+    not all scalars comes out as ("", ()) so that the function is refused. Calls (`return f(...)`, `y = f(...)`)
+    are not declarations and are skipped."""
+    found = set()
+    for match in re.finditer(rf"\b{re.escape(name)}\s*\(([^()]*)\)\s*([{{;]?)", code):
+        before = re.split(r"[;{}]|^\s*#[^\n]*$", code[:match.start()], flags=re.MULTILINE)[-1]
+        returns = _scalar_type(before)
+        if returns is None and (not before.strip() or re.search(r"\breturn\b|[=(,.?!+\-/|]", before)):
+            continue  # a call, or the name in an expression
+        params = _parameter_types(match.group(1))
+        declared = returns is not None and params is not None and match.group(2)
+        found.add((returns, params) if declared else ("", ()))
+    return found
+
+
+def scalar_functions(arguments: dict) -> list[ScalarFunction] | None:
+    """The functions a bare C++ build binds for these `load_inline` arguments, or None when it does not apply: CUDA
+    or SYCL sources, no `functions` (the sources bind themselves), a name that is not an identifier, a source that
+    names torch or needs pybind11, or a function that is not declared exactly once-over with scalar types only."""
+    if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("with_cuda"):
+        return None
+    if not arguments.get("is_python_module", True) or arguments.get("use_pch"):
+        return None
+    functions, name = arguments.get("functions"), str(arguments.get("name", ""))
+    if functions is None or not (name.isidentifier() and name.isascii()):
+        return None
+    if isinstance(functions, str):
+        functions = [functions]
+    docs = dict(functions) if isinstance(functions, dict) else {f: f for f in functions}
+    texts = source_texts(arguments.get("cpp_sources"))
+    if needs_full_header(texts):
+        return None
+    code = "\n".join(_STRING.sub('""', strip_comments(t)) for t in texts)
+    if TORCH_NAMES.search(code):
+        return None
+    bound = []
+    for function, doc in docs.items():
+        if not (isinstance(function, str) and function.isidentifier() and function.isascii()):
+            return None
+        signatures = _signatures(code, function)
+        if len(signatures) != 1 or not next(iter(signatures))[0]:
+            return None
+        returns, params = next(iter(signatures))
+        bound.append(ScalarFunction(function, str(doc), params, returns))
+    return bound or None
+
+
+def _c_string(text: str) -> str:
+    """`text` as a C string literal (every byte that is not a letter, digit or space as an octal escape)."""
+    return '"' + "".join(chr(b) if chr(b).isalnum() or b == 32 else f"\\{b:03o}" for b in text.encode()) + '"'
+
+
+def bindings(module: str, functions: list[ScalarFunction]) -> str:
+    """The C API module definition appended to the sources, as `load_inline` appends its PYBIND11_MODULE: each
+    function parses its positional arguments, calls the C++ function, turns a C++ exception into RuntimeError
+    (as torch's bindings do) and returns its result."""
+    wrappers, table = [], []
+    for f in functions:
+        receive = [_SCALARS[t] for t in f.params]
+        names = [f"a{i}" for i in range(len(receive))]
+        lines = [f"static PyObject* dice_bare_{f.name}(PyObject*, PyObject* args) {{"]
+        lines += [f"    {c_type} {n};" for (_, c_type, _), n in zip(receive, names)]
+        targets = "".join(f", &{n}" for n in names)
+        formats = "".join(fmt for fmt, _, _ in receive)
+        lines.append(f'    if (!PyArg_ParseTuple(args, "{formats}:{f.name}"{targets})) return nullptr;')
+        call = f"{f.name}({', '.join(names)})"
+        done = "Py_RETURN_NONE;" if f.returns == "void" else f"return {_SCALARS[f.returns][2]}(result);"
+        statement = f"{call};" if f.returns == "void" else f"auto result = {call};"
+        lines += [
+            f"    try {{ {statement} {done} }}",
+            "    catch (const std::exception& e) { PyErr_SetString(PyExc_RuntimeError, e.what()); }",
+            '    catch (...) { PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception"); }',
+            "    return nullptr;",
+            "}"]
+        wrappers.append("\n".join(lines))
+        table.append(f"    {{{_c_string(f.name)}, dice_bare_{f.name}, METH_VARARGS, {_c_string(f.doc)}}},")
+    return "\n\n".join([
+        *wrappers,
+        "static PyMethodDef dice_bare_methods[] = {\n" + "\n".join(table) + "\n    {nullptr, nullptr, 0, nullptr}};",
+        f"static PyModuleDef dice_bare_module = {{PyModuleDef_HEAD_INIT, {_c_string(module)}, nullptr, -1, "
+        "dice_bare_methods};",
+        f"PyMODINIT_FUNC PyInit_{module}() {{ return PyModule_Create(&dice_bare_module); }}"])
+
+
+def stub_header() -> str:
+    """What the bare build's `torch/extension.h` holds: Python's header and the standard headers torch's includes."""
+    guarded = (f"#if __has_include(<{h}>)\n#include <{h}>\n#endif" for h in STANDARD_HEADERS)
+    return "// dice-kernels: the sources name nothing of torch (harness/compiling/bare_cpp.py)\n#include <Python.h>\n" + (
+        "\n".join(guarded) + "\n")
+
+
+def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
+                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, **arguments):
+    """`load_inline` for what `scalar_functions` accepts: main.cpp is the text torch would write (its header line,
+    the sources, then the bindings), compiled and linked by the C++ compiler torch uses with the same language
+    flags and the candidate's own flags, then imported as torch imports an extension. Raises RuntimeError with the
+    compiler's output when it does not build (the build then falls back to torch's own)."""
+    import torch.utils.cpp_extension as cpp
+
+    bound = scalar_functions({"name": name, "cpp_sources": cpp_sources, "functions": functions, **arguments})
+    if bound is None:
+        raise ValueError(f"extension {name!r} is not a bare C++ build (harness/compiling/bare_cpp.py)")
+    directory = Path(build_directory)
+    include = directory / "bare_include"
+    (include / "torch").mkdir(parents=True, exist_ok=True)
+    (include / "torch" / "extension.h").write_text(stub_header())
+    texts = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + source_texts(cpp_sources)
+    main = directory / "main.cpp"
+    main.write_text("\n".join([*texts, bindings(name, bound)]) + "\n")
+    command = [cpp.get_cxx_compiler(), f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+               *(f"-I{Path(p).resolve()}" for p in extra_include_paths or []),
+               "-isystem", str(include), "-isystem", sysconfig.get_path("include"), "-fPIC", "-std=c++20",
+               *(f.strip() for f in extra_cflags or []), str(main), "-shared",
+               *(f.strip() for f in extra_ldflags or []), "-o", str(directory / f"{name}.so")]
+    done = subprocess.run(command, cwd=directory, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"Error building extension '{name}' (bare C++):\n{done.stdout}{done.stderr}")
+    return cpp._import_module_from_library(name, str(directory), True)

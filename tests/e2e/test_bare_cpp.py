@@ -1,0 +1,148 @@
+"""The bare C++ build (harness/compiling/bare_cpp.py): which `load_inline` calls it takes, that what it builds is a
+Python module whose functions behave as torch's bindings would, and that the harness falls back to torch's own
+build where it does not compile."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+from dice_kernels.harness.compiling.bare_cpp import STANDARD_HEADERS, build_bare_cpp, scalar_functions
+
+LAUNCHER = """#include <cstdint>
+// the kernel: fused(...) below is bound; its calls in comments and bodies are not declarations
+void fused(int64_t x, int64_t out, int64_t rows, const int64_t cols) {
+    const float* px = (const float*)x;
+    float* po = (float*)out;
+    for (int64_t i = 0; i < rows * cols; ++i) po[i] = px[i] > 0 ? px[i] : 0.0f;
+}
+"""
+
+needs_cxx = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+
+
+def _functions(sources, functions=("fused",), **arguments):
+    return scalar_functions({"name": "ext", "cpp_sources": sources, "functions": list(functions), **arguments})
+
+
+def test_launchers_with_scalar_signatures_take_the_bare_build():
+    (fused,) = _functions(LAUNCHER)
+    assert (fused.name, fused.params, fused.returns) == ("fused", ("int64_t",) * 4, "void")
+    # a declaration and a definition that agree, a call, a default argument, several functions and their docstrings
+    text = "double scale(double v, int n = 2);\ndouble scale(double v, int n) { return v * n; }\n" \
+           "bool positive(float v) { return scale(v, 1) > 0; }\nint64_t count() { return 3; }"
+    bound = scalar_functions({"name": "ext", "cpp_sources": [text], "functions": {"scale": "doc", "positive": "p",
+                                                                                    "count": "c"}})
+    assert [(f.name, f.doc, f.params, f.returns) for f in bound] == [
+        ("scale", "doc", ("double", "int"), "double"), ("positive", "p", ("float",), "bool"),
+        ("count", "c", (), "int64_t")]
+    assert scalar_functions({"name": "ext", "cpp_sources": LAUNCHER, "functions": None}) is None  # binds itself
+
+
+@pytest.mark.parametrize("sources, arguments", [
+    ("torch::Tensor fused(torch::Tensor x) { return x; }", {}),  # torch's types
+    ("void fused(int64_t x) { at::Tensor t; }", {}),  # torch named in the body
+    ("void fused(float* x) {}", {}),  # a pointer: pybind11 would not bind it as an address
+    ("std::vector<float> fused(int64_t n) { return {}; }", {}),  # a container
+    ("void fused(int64_t a) {}\nvoid fused(double a) {}", {}),  # overloads
+    ("template <typename T> T fused(T a) { return a; }", {}),  # a template
+    ("void other(int64_t a) {}", {}),  # the bound function is not declared
+    ('void fused(int64_t a) {}\nPYBIND11_MODULE(ext, m) { m.def("g", &fused); }', {}),  # its own bindings
+    (LAUNCHER, {"cuda_sources": "__global__ void k() {}"}),  # a CUDA unit
+    (LAUNCHER, {"is_python_module": False}),
+    (LAUNCHER, {"name": "not-an-identifier"}),
+])
+def test_everything_else_builds_as_torch_would(sources, arguments):
+    assert _functions(sources, **arguments) is None
+
+
+@needs_cxx
+def test_a_bare_build_is_a_module_whose_functions_behave_as_torchs_bindings(tmp_path):
+    import torch
+
+    sources = LAUNCHER + """
+#include <stdexcept>
+double mean(double a, double b) { return (a + b) / 2; }
+int64_t twice(int n) { return 2 * (int64_t)n; }
+bool refuse(int64_t n) { if (n < 0) throw std::invalid_argument("n must be >= 0"); return n > 3; }
+double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's header, not C's int abs
+"""
+    module = build_bare_cpp("bare_ext", sources, ["fused", "mean", "twice", "refuse", "magnitude"],
+                            extra_cflags=["-O2"], build_directory=tmp_path)
+    assert module.__name__ == "bare_ext" and (tmp_path / "bare_ext.so").exists()
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    assert module.fused(x.data_ptr(), out.data_ptr(), 4, 8) is None
+    assert torch.equal(out, torch.relu(x))
+    assert module.mean(1, 2.0) == 1.5 and module.twice(21) == 42 and module.refuse(5) is True
+    assert module.magnitude(-2.5) == 2.5
+    with pytest.raises(RuntimeError, match="n must be >= 0"):  # a C++ exception, as torch's bindings raise it
+        module.refuse(-1)
+    with pytest.raises(TypeError):  # no float for an integer, as pybind11
+        module.twice(2.5)
+    with pytest.raises(TypeError):  # positional arguments, all of them
+        module.mean(1.0)
+    assert module.mean.__doc__ == "mean"
+
+
+@needs_cxx
+def test_the_stub_header_has_the_standard_headers_torchs_extension_header_includes(tmp_path):
+    import torch.utils.cpp_extension as cpp
+
+    includes = [f"-isystem{p}" for p in [*cpp.include_paths(), sysconfig.get_path("include")]]
+    done = subprocess.run(["c++", "-M", "-std=c++20", *includes, "-x", "c++", "-"], input="#include <torch/extension.h>\n",
+                          capture_output=True, text=True, check=True)
+    standard = {m.group(1) for m in re.finditer(r"/c\+\+/[\w.]+/([a-z_]+)(?=\s|$)", done.stdout)}
+    assert standard == set(STANDARD_HEADERS)
+
+
+@needs_cxx
+def test_the_harness_takes_the_bare_build_and_falls_back_to_torchs_own(build_cache):
+    from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
+    from dice_kernels.tasks import task_from_code
+
+    task = task_from_code("""import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+
+def get_init_inputs():
+    return []
+""", id="relu")
+
+    def candidate(source: str, id: str):
+        return candidate_from_text(f'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="relu_ext", cpp_sources={source!r}, functions=["fused"], extra_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = x.new_empty(x.shape)
+        ext.fused(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1])
+        return out
+''', id=id)
+
+    broken = LAUNCHER.replace("po[i] = ", "po[i] = undeclared + ")
+    pairs = [(task, candidate(LAUNCHER, "bare")), (task, candidate(broken, "broken"))]
+    config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
+    results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
+    assert results["bare"].outcome is Outcome.CORRECT, results["bare"].error
+    assert results["bare"].build.shortcuts[0]["headers"] == ["bare"]
+    # a compile error costs the bare and the own attempt, and the candidate sees torch's own build's message
+    assert results["broken"].outcome is Outcome.COMPILE_ERROR
+    assert results["broken"].build.shortcuts[0]["headers"] == ["bare", "own"]
+    assert "undeclared" in results["broken"].error and "bare C++" not in results["broken"].error
