@@ -145,4 +145,4 @@ class ModelNew(nn.Module):
     # a compile error costs the bare and the own attempt, and the candidate sees torch's own build's message
     assert results["broken"].outcome is Outcome.COMPILE_ERROR
     assert results["broken"].build.shortcuts[0]["headers"] == ["bare", "own"]
-    assert "undeclared" in results["broken"].error and "bare C++" not in results["broken"].error
+    assert "undeclared" in results["broken"].error and "_own/main.cpp" in results["broken"].error

@@ -168,6 +168,14 @@ def test_build_headers(tmp_path):
     assert "  lean      2         0" in out
 
 
+def test_cpp_build(tmp_path):
+    out = _smoke("cpp_build.py", "--out", "cpp.json", cwd=tmp_path)
+    doc = _json(tmp_path / "cpp.json")
+    assert [(r["solution"], r["mode"], r["matches_reference"]) for r in doc["records"]] == [
+        ("fused_0", "bare", True), ("op_by_op_1", "bare", True)]
+    assert "| bare |" in out and "2 of 2" in out
+
+
 def test_main_header(tmp_path):
     out = _smoke("main_header.py", "--out", "mh.json", cwd=tmp_path)
     doc = _json(tmp_path / "mh.json")

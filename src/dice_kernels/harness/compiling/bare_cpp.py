@@ -5,8 +5,6 @@ parsing in place of pybind11's and no torch header: ~1 s of a core against ~13 s
 from __future__ import annotations
 
 import re
-import subprocess
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,12 +163,13 @@ def stub_header() -> str:
 
 
 def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
-                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, **arguments):
+                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, load=None, **arguments):
     """`load_inline` for what `scalar_functions` accepts: main.cpp is the text torch would write (its header line,
-    the sources, then the bindings), compiled and linked by the C++ compiler torch uses with the same language
-    flags and the candidate's own flags, then imported as torch imports an extension. Raises RuntimeError with the
-    compiler's output when it does not build (the build then falls back to torch's own)."""
-    import torch.utils.cpp_extension as cpp
+    the sources) with the C API bindings in place of pybind11's, and torch's `load` (`load`: torch's own where the
+    harness has patched the module's) builds and imports it (its compiler, flags and link), the stub header found
+    first. Raises what torch raises when it does not build (the build then falls back to torch's own)."""
+    if load is None:
+        from torch.utils.cpp_extension import load
 
     bound = scalar_functions({"name": name, "cpp_sources": cpp_sources, "functions": functions, **arguments})
     if bound is None:
@@ -182,12 +181,6 @@ def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, ex
     texts = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + source_texts(cpp_sources)
     main = directory / "main.cpp"
     main.write_text("\n".join([*texts, bindings(name, bound)]) + "\n")
-    command = [cpp.get_cxx_compiler(), f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
-               *(f"-I{Path(p).resolve()}" for p in extra_include_paths or []),
-               "-isystem", str(include), "-isystem", sysconfig.get_path("include"), "-fPIC", "-std=c++20",
-               *(f.strip() for f in extra_cflags or []), str(main), "-shared",
-               *(f.strip() for f in extra_ldflags or []), "-o", str(directory / f"{name}.so")]
-    done = subprocess.run(command, cwd=directory, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"Error building extension '{name}' (bare C++):\n{done.stdout}{done.stderr}")
-    return cpp._import_module_from_library(name, str(directory), True)
+    return load(name, [str(main)], extra_cflags=extra_cflags, extra_ldflags=extra_ldflags,
+                extra_include_paths=[str(include), *(extra_include_paths or [])], build_directory=str(directory),
+                verbose=False, with_cuda=False)

@@ -70,6 +70,7 @@ def patch_extension_loaders(job: BuildJob | RunJob, log: BuildLog, monitor: Moni
     import torch.utils.cpp_extension as cpp
 
     building = isinstance(job, BuildJob)
+    torch_load = cpp.load  # what a bare C++ build calls: torch's own, not the patched one below
     build_dir = job.build_dir if building else (job.candidate.build_dir if job.candidate else None)
     manifest: dict[str, dict] = {}
     if not building and build_dir and (Path(build_dir) / "manifest.json").exists():
@@ -92,7 +93,7 @@ def patch_extension_loaders(job: BuildJob | RunJob, log: BuildLog, monitor: Moni
                 return monitor.wrap_extension(module, name) if monitor else module
             root = Path(build_dir) if building else Path(job.workdir) / "late_builds"
             bound.arguments["verbose"] = False
-            attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key)
+            attempts = _build_attempts(job, bound.arguments, root / f"{name}_{counts[name]}", log, key, torch_load)
             start = time.monotonic()
             try:
                 # torch's build writes and reads files: the harness's doing, wherever the candidate calls it from
@@ -144,7 +145,8 @@ class _Attempt:
     builder: Callable | None = None
 
 
-def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str) -> list[_Attempt]:
+def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str,
+                    torch_load: Callable | None = None) -> list[_Attempt]:
     """The attempts in order, the last the candidate's own sources. `headers` names the torch headers of the CUDA unit
     or of a C++-only module (compiling/speed.py): "bare" (none: sources that name nothing of torch; a C++-only module
     is then built on Python's C API, compiling/bare_cpp.py), "lean" (light sources, ATen's umbrellas
@@ -177,7 +179,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
     if job.light_headers and scalar_functions(arguments):
-        return [_Attempt("bare", dict(arguments), out, builder=build_bare_cpp),
+        return [_Attempt("bare", {**arguments, "load": torch_load}, out, builder=build_bare_cpp),
                 replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
     lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))
