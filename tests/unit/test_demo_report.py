@@ -8,21 +8,65 @@ import sqlite3
 from pathlib import Path
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import changed_outputs, rl_effort, scale_limits, timing_spread, train_rewards
+from dice_kernels.demo.report import (changed_outputs, rl_effort, scale_limits, timing_spread, train_reward_trend,
+                                      train_rewards)
 
 
-def test_train_rewards_group_a_step_by_task_and_position(tmp_path):
-    with sqlite3.connect(tmp_path / "rewards.sqlite") as db:  # the schema train/rl/reward.py's RewardService writes
+def _rewards(run: Path, rows: list[tuple[int, int, str, float]]) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(run / "rewards.sqlite") as db:  # the schema train/rl/reward.py's RewardService writes
         db.execute("CREATE TABLE rewards (step INTEGER, rollout INTEGER, task_id TEXT, candidate_id TEXT, "
                    "candidate_sha256 TEXT, outcome TEXT, deceptive_kind TEXT, reward REAL, speedup REAL, "
                    "speedup_ci95 TEXT, error TEXT, PRIMARY KEY (step, rollout))")
-        # step 1: task a twice (the curriculum wrapped: two groups), task b once; groups of 2 rollouts
-        rows = [(1, 0, "a", 1.0), (1, 1, "a", 0.0), (1, 2, "b", 1.0), (1, 3, "b", 1.0), (1, 4, "a", 0.0),
-                (1, 5, "a", 0.0), (2, 0, "c", 0.5), (2, 1, "c", 1.5)]
         db.executemany("INSERT INTO rewards VALUES (?, ?, ?, '', '', 'correct', '', ?, NULL, NULL, '')", rows)
+    return run
+
+
+def test_train_rewards_group_a_step_by_task_and_position(tmp_path):
+    # step 1: task a twice (the curriculum wrapped: two groups), task b once; groups of 2 rollouts
+    _rewards(tmp_path, [(1, 0, "a", 1.0), (1, 1, "a", 0.0), (1, 2, "b", 1.0), (1, 3, "b", 1.0), (1, 4, "a", 0.0),
+                        (1, 5, "a", 0.0), (2, 0, "c", 0.5), (2, 1, "c", 1.5)])
     steps = train_rewards(tmp_path, group=2)
     assert steps == [(1, {"a#0": [1.0, 0.0], "b#1": [1.0, 1.0], "a#2": [0.0, 0.0]}), (2, {"c#0": [0.5, 1.5]})]
     assert train_rewards(tmp_path / "missing", group=2) == []
+
+
+def _fixed_tasks(run: Path, reward) -> Path:
+    """Six RL steps over the same 8 tasks in groups of 4; reward(step, task) is every rollout's reward."""
+    return _rewards(run, [(step, 4 * t + k, f"t{t}", reward(step, t)) for step in range(6) for t in range(8)
+                          for k in range(4)])
+
+
+def test_the_train_reward_trend_pairs_the_last_third_of_the_steps_with_the_first(tmp_path):
+    # rising on every task: the last two steps beat the first two
+    rising = train_reward_trend(_fixed_tasks(tmp_path / "up", lambda step, t: float(step >= 3 or t < 2)), group=4)
+    assert (rising.a, rising.b, rising.n) == ("steps 4-5", "steps 0-1", 8)
+    assert rising.diff.value == 0.75 and rising.diff.lo > 0 and "beats" in rising.verdict
+    # falling (a trainer that pushes the wrong way) and flat
+    falling = train_reward_trend(_fixed_tasks(tmp_path / "down", lambda step, t: float(step < 3)), group=4)
+    assert falling.diff.value == -1.0 and falling.diff.hi < 0
+    flat = train_reward_trend(_fixed_tasks(tmp_path / "flat", lambda step, t: float(t % 2)), group=4)
+    assert flat.diff.value == 0.0 and "no difference shown" in flat.verdict
+    # tasks never drawn in both windows, or a single step: nothing to pair
+    assert train_reward_trend(_rewards(tmp_path / "apart", [(0, 0, "a", 1.0), (1, 0, "b", 0.0)]), group=1) is None
+    assert train_reward_trend(_rewards(tmp_path / "one", [(0, 0, "a", 1.0)]), group=1) is None
+
+
+def test_the_train_curve_says_whether_every_step_draws_the_same_tasks():
+    fixed = scale_limits(DemoConfig(out=Path("x"), world=WorldSection(n_rl=8), rl=RLSection(tasks_per_step=8)))
+    drawn = scale_limits(DemoConfig(out=Path("x"), world=WorldSection(n_rl=64), rl=RLSection(tasks_per_step=8)))
+    assert any("the same 8 RL tasks" in x for x in fixed) and not any("each step draws other" in x for x in fixed)
+    assert any("each step draws other tasks" in x for x in drawn)
+
+
+def test_one_update_a_step_by_setting_is_not_blamed_on_the_row_count():
+    rows = {"e2e_robust": {"rl": {"steps": 6, "rollouts": 192, "trained_rollouts": 120, "trained_steps": 6,
+                                  "updates": 6}}}
+    by_setting = scale_limits(DemoConfig(out=Path("x"), rl=RLSection(rows_per_update=0)), rows)
+    by_rows = scale_limits(DemoConfig(out=Path("x"), rl=RLSection(rows_per_update=32)), rows)
+    assert any("one update a step by setting" in x for x in by_setting)
+    assert not any("fewer than rl.rows_per_update" in x for x in by_setting)
+    assert any("fewer than rl.rows_per_update (32)" in x for x in by_rows)
 
 
 def test_a_small_cpu_run_states_what_it_cannot_show():

@@ -175,20 +175,21 @@ class DemoConfig:
 
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
-    train reward per RL step on 8 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
+    train reward per RL step on 4 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
     build cache. gpu: all five arms on 128 held-out tasks with CUDA kernels, RL on its own split, rl.lr chosen on
     the validation split, a held-out learning curve; over 1,500 s of stages on an H200 (estimated from a run at
     f7efcce cut after its first RL steps)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
-        # the world's C++ kernels build without torch's header (~1.5 s a check instead of ~13: compiling/bare_cpp.py),
-        # so RL takes 12 steps of 64 rollouts. Every step draws the same 8 RL tasks (new instances SFT never saw),
-        # with the AdamW state kept and one update a step: the setting in which the learning probe's RL raised its
-        # train reward (docs/demo.md); the SFT model this budget holds guesses the operator, so held-out gains are
-        # not expected here
+        # the world's C++ kernels build without torch's header (~1.5 s instead of ~13: compiling/bare_cpp.py), but
+        # a rollout that does not compile still pays torch's own build too (~8 s), and most early rollouts do not:
+        # 6 steps of 32 rollouts are what is left of 20 minutes after SFT. Every step draws the same 4 RL tasks
+        # (new instances SFT never saw), with the AdamW state kept and one update a step: the setting in which the
+        # learning probe's RL raised its train reward (docs/demo.md); the SFT model this budget holds guesses the
+        # operator, so held-out gains are not expected here
         return dataclasses.replace(
-            cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=8),
-            rl=RLSection(infill_steps=0, e2e_steps=12, tasks_per_step=8, group=8, rows_per_update=0,
+            cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=4),
+            rl=RLSection(infill_steps=0, e2e_steps=6, tasks_per_step=4, group=8, rows_per_update=0,
                          reset_optimizer=False))
     return dataclasses.replace(
         cfg, backend="cuda",

@@ -217,15 +217,20 @@ def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: d
             continue
         did = (f"{arm}: {effort['updates']} optimizer update(s) in {effort['steps']} RL steps "
                f"({effort['trained_rollouts']} of {effort['rollouts']} rollouts in groups with reward variance)")
-        limits.append(did + (": every group was flat (its rollouts all scored alike), so RL had no gradient"
-                             if not effort["updates"] else
-                             f": a step whose trained rows are fewer than rl.rows_per_update ({cfg.rl.rows_per_update}) "
-                             "takes one update with the PPO ratio at 1, so clip and KL never act and the policy "
-                             "moves by a few optimizer steps in all"))
+        if not effort["updates"]:
+            why = ": every group was flat (its rollouts all scored alike), so RL had no gradient"
+        elif not cfg.rl.rows_per_update:
+            why = (": one update a step by setting (rl.rows_per_update = 0), so the PPO ratio is 1 at every update "
+                   "and clip and KL never act")
+        else:
+            why = (f": a step whose trained rows are fewer than rl.rows_per_update ({cfg.rl.rows_per_update}) takes "
+                   "one update with the PPO ratio at 1, so clip and KL never act and the policy moves by a few "
+                   "optimizer steps in all")
+        limits.append(did + why)
     if 0 < cfg.world.n_rl <= cfg.rl.tasks_per_step:
         limits.append(f"train reward per RL step: every step draws the same {cfg.world.n_rl} RL tasks, so the curve "
-                      "shows RL fitting the tasks it trains on (the update works and points the right way), not "
-                      "what carries to new tasks: that is the held-out benchmark's")
+                      "shows whether RL fits the tasks it trains on (a trainer pushing the wrong way would show a "
+                      "fall), not what carries to new tasks: that is the held-out benchmark's")
     else:
         limits.append(f"train reward per RL step: each step draws other tasks ({cfg.rl.tasks_per_step} a step), so a "
                       "step's reward mixes what RL learned with how hard that step's tasks are; the held-out curve "
