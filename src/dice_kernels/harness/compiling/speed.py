@@ -14,6 +14,9 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
 - CUDA sources that name nothing of torch compile without any torch header (`light_headers.bare_cuda_arguments`:
   an empty header is found for load_inline's implicit `#include <torch/types.h>`): nvcc then parses CUDA's
   headers and the kernels only, ~1 s instead of ~25.
+- a C++-only module whose sources name nothing of torch and whose bound functions take scalars is built without
+  torch's header at all (`bare_cpp.build_bare_cpp`: Python's C API bindings, a stub holding the standard headers
+  torch's includes), ~1 s instead of ~13; any failure falls back to the candidate's own build.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_headers.light_cuda_sources` drops that include;
