@@ -1,17 +1,18 @@
 """The bare C++ build (harness/compiling/bare_cpp.py): which `load_inline` calls it takes, that what it builds is a
-Python module whose functions behave as torch's bindings would, and that the harness falls back to torch's own
-build where it does not compile."""
+Python module whose functions behave as torch's bindings would, that its stub declares what torch's header does
+outside torch, and that the harness falls back to torch's own build where torch's header could make a difference."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sysconfig
+from pathlib import Path
 
 import pytest
 
-from dice_kernels.harness.compiling.bare_cpp import STANDARD_HEADERS, build_bare_cpp, scalar_functions
+from dice_kernels.harness.compiling.bare_cpp import (STANDARD_HEADERS, bare_failure_is_final, build_bare_cpp,
+                                                     scalar_functions, stub_header, torch_macro_names)
 
 LAUNCHER = """#include <cstdint>
 // the kernel: fused(...) below is bound; its calls in comments and bodies are not declarations
@@ -88,15 +89,38 @@ double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's
     assert module.mean.__doc__ == "mean"
 
 
+def _included_files(header: str, include_dirs: list[str]) -> set[str]:
+    done = subprocess.run(["c++", "-M", "-std=c++20", *(f"-I{d}" for d in include_dirs), "-x", "c++", "-"],
+                          input=header, capture_output=True, text=True, check=True)
+    return {str(Path(f).resolve()) for f in done.stdout.replace("\\\n", " ").split()[1:]}
+
+
 @needs_cxx
-def test_the_stub_header_has_the_standard_headers_torchs_extension_header_includes(tmp_path):
+def test_the_stub_pulls_in_exactly_the_system_files_torchs_extension_header_does(tmp_path):
+    """Every standard and system file (Python's too) torch/extension.h includes, and nothing more: code that names
+    nothing of torch sees the same declarations under both."""
     import torch.utils.cpp_extension as cpp
 
-    includes = [f"-isystem{p}" for p in [*cpp.include_paths(), sysconfig.get_path("include")]]
-    done = subprocess.run(["c++", "-M", "-std=c++20", *includes, "-x", "c++", "-"], input="#include <torch/extension.h>\n",
-                          capture_output=True, text=True, check=True)
-    standard = {m.group(1) for m in re.finditer(r"/c\+\+/[\w.]+/([a-z_]+)(?=\s|$)", done.stdout)}
-    assert standard == set(STANDARD_HEADERS)
+    python = sysconfig.get_path("include")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "extension.h").write_text(stub_header())
+    torch_root = str(Path(cpp.include_paths()[0]).resolve())
+    under_torch = {f for f in _included_files("#include <torch/extension.h>\n", [*cpp.include_paths(), python])
+                   if not f.startswith(torch_root)}
+    under_stub = _included_files("#include <torch/extension.h>\n", [str(tmp_path), python])
+    assert under_stub - {str((tmp_path / "torch" / "extension.h").resolve())} == under_torch
+    assert {Path(f).name for f in under_torch} >= set(STANDARD_HEADERS)
+
+
+@needs_cxx
+def test_torchs_macros_make_a_bare_failure_inconclusive():
+    macros = torch_macro_names()
+    assert {"TORCH_CHECK", "AT_DISPATCH_FLOATING_TYPES", "C10_UNUSED", "CHECK"} <= macros
+    assert not {"INFINITY", "NAN", "assert", "Py_RETURN_NONE"} & macros  # the stub defines these too
+    assert bare_failure_is_final(LAUNCHER.replace("po[i] = ", "po[i] = undeclared + "))
+    assert not bare_failure_is_final(LAUNCHER + "void check(int64_t n) { TORCH_CHECK(n > 0, \"n\"); }")
+    assert not bare_failure_is_final(LAUNCHER + "// pybind11 in a comment is fine\nvoid g(int64_t p) { pybind11::none(); }")
+    assert bare_failure_is_final(LAUNCHER + "// TORCH_CHECK in a comment is fine")
 
 
 @needs_cxx
@@ -137,12 +161,18 @@ class ModelNew(nn.Module):
 ''', id=id)
 
     broken = LAUNCHER.replace("po[i] = ", "po[i] = undeclared + ")
-    pairs = [(task, candidate(LAUNCHER, "bare")), (task, candidate(broken, "broken"))]
+    # TORCH_CHECK names no torch namespace, so the bare build is tried; without torch's macro it does not compile
+    checked = LAUNCHER.replace("float* po = (float*)out;", "float* po = (float*)out;\n    TORCH_CHECK(rows > 0);")
+    pairs = [(task, candidate(LAUNCHER, "bare")), (task, candidate(broken, "broken")),
+             (task, candidate(checked, "torch_macro"))]
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
     results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
     assert results["bare"].outcome is Outcome.CORRECT, results["bare"].error
     assert results["bare"].build.shortcuts[0]["headers"] == ["bare"]
-    # a compile error costs the bare and the own attempt, and the candidate sees torch's own build's message
+    # a compile error torch's header cannot mend ends with the bare attempt: no second, ~8 s build
     assert results["broken"].outcome is Outcome.COMPILE_ERROR
-    assert results["broken"].build.shortcuts[0]["headers"] == ["bare", "own"]
-    assert "undeclared" in results["broken"].error and "_own/main.cpp" in results["broken"].error
+    assert results["broken"].build.shortcuts[0]["headers"] == ["bare"]
+    assert "'undeclared' was not declared" in results["broken"].error.replace("‘", "'").replace("’", "'")
+    # one that uses torch's macro falls back to torch's own build, which compiles it
+    assert results["torch_macro"].outcome is Outcome.CORRECT, results["torch_macro"].error
+    assert results["torch_macro"].build.shortcuts[0]["headers"] == ["bare", "own"]

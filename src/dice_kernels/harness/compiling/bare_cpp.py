@@ -5,7 +5,10 @@ parsing in place of pybind11's and no torch header: ~1 s of a core against ~13 s
 from __future__ import annotations
 
 import re
+import subprocess
+import sysconfig
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, needs_full_header, source_texts,
@@ -24,10 +27,16 @@ _SCALARS = {
 }
 _QUALIFIERS = re.compile(r"\b(?:const|static|inline|extern|std::)\s*|::")
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# torch's names at global scope that are not macros: pybind11's namespace and the Python bindings' THP* functions
+_TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
 
-# every standard header torch/extension.h includes (GCC 12, torch 2.13), so that code naming nothing of torch sees
-# the same standard declarations (which overload `abs(float)` picks, say) as under torch's header; one the compiler
-# lacks is left out (`__has_include`)
+# every standard and system header torch/extension.h includes beyond Python.h's (GCC 12, x86-64, torch 2.13; and
+# Python's frameobject.h), so that code naming nothing of torch sees the same declarations (which overload
+# `abs(float)` picks, an intrinsic, a POSIX call) as under torch's header; one the compiler lacks is left out
+# (`__has_include`). A test compares the files the stub pulls in with those torch's header pulls in.
+SYSTEM_HEADERS = ("cxxabi.h", "frameobject.h", "immintrin.h", "x86intrin.h", "libintl.h", "locale.h", "semaphore.h",
+                  "sys/single_threaded.h", "sys/syscall.h", "wctype.h")
 STANDARD_HEADERS = (
     "algorithm array atomic bit bitset cassert cctype cerrno chrono climits clocale cmath compare complex concepts "
     "condition_variable cstddef cstdint cstdio cstdlib cstring ctime cwchar cwctype deque exception forward_list "
@@ -156,8 +165,9 @@ def bindings(module: str, functions: list[ScalarFunction]) -> str:
 
 
 def stub_header() -> str:
-    """What the bare build's `torch/extension.h` holds: Python's header and the standard headers torch's includes."""
-    guarded = (f"#if __has_include(<{h}>)\n#include <{h}>\n#endif" for h in STANDARD_HEADERS)
+    """What the bare build's `torch/extension.h` holds: Python's header and the standard and system headers torch's
+    includes."""
+    guarded = (f"#if __has_include(<{h}>)\n#include <{h}>\n#endif" for h in (*SYSTEM_HEADERS, *STANDARD_HEADERS))
     return "// dice-kernels: the sources name nothing of torch (harness/compiling/bare_cpp.py)\n#include <Python.h>\n" + (
         "\n".join(guarded) + "\n")
 
@@ -184,3 +194,46 @@ def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, ex
     return load(name, [str(main)], extra_cflags=extra_cflags, extra_ldflags=extra_ldflags,
                 extra_include_paths=[str(include), *(extra_include_paths or [])], build_directory=str(directory),
                 verbose=False, with_cuda=False)
+
+
+def _macro_names(header_text: str, include_dirs: list[str]) -> set[str] | None:
+    """The names of the macros defined after `header_text` is preprocessed (`c++ -dM -E`), or None on failure."""
+    import torch.utils.cpp_extension as cpp
+
+    command = [cpp.get_cxx_compiler(), "-dM", "-E", "-std=c++20", "-x", "c++", "-", *(f"-I{d}" for d in include_dirs)]
+    try:
+        done = subprocess.run(command, input=header_text, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {m.group(1) for m in re.finditer(r"^#define (\w+)", done.stdout, re.MULTILINE)}
+
+
+@cache
+def torch_macro_names() -> frozenset[str] | None:
+    """The macros torch/extension.h defines that the stub does not (~750: TORCH_CHECK, AT_DISPATCH_..., CHECK,
+    ...), read from both through the preprocessor (~1.5 s once per process); None when it cannot run."""
+    import tempfile
+
+    import torch.utils.cpp_extension as cpp
+
+    python = sysconfig.get_path("include")
+    with tempfile.TemporaryDirectory(prefix="dice-bare-") as tmp:
+        (Path(tmp) / "torch").mkdir()
+        (Path(tmp) / "torch" / "extension.h").write_text(stub_header())
+        stub = _macro_names("#include <torch/extension.h>\n", [tmp, python])
+    torch = _macro_names("#include <torch/extension.h>\n", [*cpp.include_paths(), python])
+    return None if stub is None or torch is None else frozenset(torch - stub)
+
+
+def bare_failure_is_final(cpp_sources) -> bool:
+    """Whether a bare C++ build that failed to compile would fail under torch's header too, so that torch's own build
+    need not run: the stub declares everything the standard and system headers under torch's declare, and the
+    sources (which name nothing of torch's namespaces) use none of torch's macros and none of its global names.
+    False when torch's macro names cannot be read."""
+    macros = torch_macro_names()
+    if macros is None:
+        return False
+    code = "\n".join(strip_comments(t) for t in source_texts(cpp_sources))
+    return not _TORCH_GLOBALS.search(code) and not (set(_IDENTIFIER.findall(code)) & macros)

@@ -125,7 +125,8 @@ def _build_in_order(original, attempts: list["_Attempt"], log: BuildLog):
                 build = attempt.builder or original
                 return build(**{**attempt.arguments, "build_directory": str(attempt.directory)}), attempt
         except Exception:  # noqa: BLE001 - a lighter attempt failed: the next one decides
-            if n == len(attempts):
+            # ... unless this failure would be torch's own build's too (a bare C++ build's compile error)
+            if n == len(attempts) or (attempt.conclusive and attempt.conclusive()):
                 raise
         finally:
             _note_pch_wait(log.shortcuts[-1], attempt.directory)
@@ -135,14 +136,16 @@ def _build_in_order(original, attempts: list["_Attempt"], log: BuildLog):
 @dataclass(frozen=True)
 class _Attempt:
     """One try at building an extension: the torch headers it compiles with (`_build_attempts`), torch's arguments,
-    the build directory, the environment it compiles in (None: as it is) and what builds it (None: torch's own
-    `load_inline`/`load`)."""
+    the build directory, the environment it compiles in (None: as it is), what builds it (None: torch's own
+    `load_inline`/`load`) and whether its failure would be torch's own build's too (None: never asked), so that the
+    attempts after it need not run."""
 
     headers: str
     arguments: dict
     directory: Path
     env: dict[str, str] | None = None
     builder: Callable | None = None
+    conclusive: Callable[[], bool] | None = None
 
 
 def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: BuildLog, key: str,
@@ -157,7 +160,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
-    from dice_kernels.harness.compiling.bare_cpp import build_bare_cpp, scalar_functions
+    from dice_kernels.harness.compiling.bare_cpp import bare_failure_is_final, build_bare_cpp, scalar_functions
     from dice_kernels.harness.compiling.speed import normalize_cflags, pch_file, pch_wait_environment
     from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only,
                                                               lean_cuda_arguments, light_cuda_sources)
@@ -179,7 +182,8 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
     if job.light_headers and scalar_functions(arguments):
-        return [_Attempt("bare", {**arguments, "load": torch_load}, out, builder=build_bare_cpp),
+        return [_Attempt("bare", {**arguments, "load": torch_load}, out, builder=build_bare_cpp,
+                         conclusive=lambda: bare_failure_is_final(arguments["cpp_sources"])),
                 replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
     lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))
