@@ -72,8 +72,9 @@ int64_t twice(int n) { return 2 * (int64_t)n; }
 bool refuse(int64_t n) { if (n < 0) throw std::invalid_argument("n must be >= 0"); return n > 3; }
 double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's header, not C's int abs
 """
-    module = build_bare_cpp("bare_ext", sources, ["fused", "mean", "twice", "refuse", "magnitude"],
-                            extra_cflags=["-O2"], build_directory=tmp_path)
+    functions = {"fused": "fused", "mean": 'the "mean" \u2014 of two\\', "twice": "twice", "refuse": "refuse",
+                 "magnitude": "magnitude"}
+    module = build_bare_cpp("bare_ext", sources, functions, extra_cflags=["-O2"], build_directory=tmp_path)
     assert module.__name__ == "bare_ext" and (tmp_path / "bare_ext.so").exists()
     x, out = torch.randn(4, 8), torch.empty(4, 8)
     assert module.fused(x.data_ptr(), out.data_ptr(), 4, 8) is None
@@ -86,7 +87,7 @@ double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's
         module.twice(2.5)
     with pytest.raises(TypeError):  # positional arguments, all of them
         module.mean(1.0)
-    assert module.mean.__doc__ == "mean"
+    assert module.mean.__doc__ == 'the "mean" \u2014 of two\\'  # any docstring, escaped into C
 
 
 def _included_files(header: str, include_dirs: list[str]) -> set[str]:

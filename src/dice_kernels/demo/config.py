@@ -181,15 +181,15 @@ def preset(scale: str, out: Path) -> DemoConfig:
     f7efcce cut after its first RL steps)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
-        # the world's C++ kernels build without torch's header (~1.5 s instead of ~13: compiling/bare_cpp.py), but
-        # a rollout that does not compile still pays torch's own build too (~8 s), and most early rollouts do not:
-        # 6 steps of 32 rollouts are what is left of 20 minutes after SFT. Every step draws the same 4 RL tasks
+        # the world's C++ kernels build without torch's header (~1.6 s instead of ~13.5: compiling/bare_cpp.py),
+        # and a rollout that does not compile is decided by that build too (~4 s to evaluate): 8 steps of 32
+        # rollouts are what is left of 20 minutes after SFT. Every step draws the same 4 RL tasks
         # (new instances SFT never saw), with the AdamW state kept and one update a step: the setting in which the
         # learning probe's RL raised its train reward (docs/demo.md); the SFT model this budget holds guesses the
         # operator, so held-out gains are not expected here
         return dataclasses.replace(
             cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=4),
-            rl=RLSection(infill_steps=0, e2e_steps=6, tasks_per_step=4, group=8, rows_per_update=0,
+            rl=RLSection(infill_steps=0, e2e_steps=8, tasks_per_step=4, group=8, rows_per_update=0,
                          reset_optimizer=False))
     return dataclasses.replace(
         cfg, backend="cuda",
