@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness.compiling.bare_cpp import (STANDARD_HEADERS, bare_failure_is_final, build_bare_cpp,
-                                                     scalar_functions, stub_header, torch_macro_names)
+                                                     scalar_functions, torch_macro_names, write_stub)
 
 LAUNCHER = """#include <cstdint>
 // the kernel: fused(...) below is bound; its calls in comments and bodies are not declarations
@@ -103,8 +103,7 @@ def test_the_stub_pulls_in_exactly_the_system_files_torchs_extension_header_does
     import torch.utils.cpp_extension as cpp
 
     python = sysconfig.get_path("include")
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "extension.h").write_text(stub_header())
+    write_stub(tmp_path)
     torch_root = str(Path(cpp.include_paths()[0]).resolve())
     under_torch = {f for f in _included_files("#include <torch/extension.h>\n", [*cpp.include_paths(), python])
                    if not f.startswith(torch_root)}

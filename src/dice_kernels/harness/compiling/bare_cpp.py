@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, needs_full_header, source_texts,
+from dice_kernels.harness.compiling.light_headers import (IDENTIFIER, TORCH_NAMES, needs_full_header, source_texts,
                                                           strip_comments)
 
 # what a scalar C++ type is received as from Python: (PyArg_ParseTuple format, the C variable it fills, how a
@@ -28,7 +29,6 @@ _SCALARS = {
 }
 _QUALIFIERS = re.compile(r"\b(?:const|static|inline|extern|std::)\s*|::")
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 # torch's names at global scope that are not macros: pybind11's namespace and the Python bindings' THP* functions
 _TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
 
@@ -174,6 +174,13 @@ def stub_header() -> str:
         "\n".join(guarded) + "\n")
 
 
+def write_stub(include_dir: Path) -> Path:
+    """`stub_header()` as `include_dir/torch/extension.h`, found first with `-I include_dir`; returns include_dir."""
+    (include_dir / "torch").mkdir(parents=True, exist_ok=True)
+    (include_dir / "torch" / "extension.h").write_text(stub_header())
+    return include_dir
+
+
 def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
                    extra_include_paths=None, build_directory=None, no_implicit_headers=False, load=None, **arguments):
     """`load_inline` for what `scalar_functions` accepts: main.cpp is the text torch would write (its header line,
@@ -187,9 +194,7 @@ def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, ex
     if bound is None:
         raise ValueError(f"extension {name!r} is not a bare C++ build (harness/compiling/bare_cpp.py)")
     directory = Path(build_directory)
-    include = directory / "bare_include"
-    (include / "torch").mkdir(parents=True, exist_ok=True)
-    (include / "torch" / "extension.h").write_text(stub_header())
+    include = write_stub(directory / "bare_include")
     texts = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + source_texts(cpp_sources)
     main = directory / "main.cpp"
     main.write_text("\n".join([*texts, bindings(name, bound)]) + "\n")
@@ -214,17 +219,14 @@ def _macro_names(header_text: str, include_dirs: list[str]) -> set[str] | None:
 
 @cache
 def torch_macro_names() -> frozenset[str] | None:
-    """The macros torch/extension.h defines that the stub does not (~750: TORCH_CHECK, AT_DISPATCH_..., CHECK,
-    ...), read from both through the preprocessor (~1.5 s once per process); None when it cannot run."""
-    import tempfile
-
+    """The macros torch/extension.h defines that the stub does not (~670 with torch 2.13: TORCH_CHECK,
+    AT_DISPATCH_..., CHECK, ...), read from both through the preprocessor (~2 s once per process, on this 2-core
+    machine); None when it cannot run."""
     import torch.utils.cpp_extension as cpp
 
     python = sysconfig.get_path("include")
     with tempfile.TemporaryDirectory(prefix="dice-bare-") as tmp:
-        (Path(tmp) / "torch").mkdir()
-        (Path(tmp) / "torch" / "extension.h").write_text(stub_header())
-        stub = _macro_names("#include <torch/extension.h>\n", [tmp, python])
+        stub = _macro_names("#include <torch/extension.h>\n", [str(write_stub(Path(tmp))), python])
     torch = _macro_names("#include <torch/extension.h>\n", [*cpp.include_paths(), python])
     return None if stub is None or torch is None else frozenset(torch - stub)
 
@@ -238,4 +240,4 @@ def bare_failure_is_final(cpp_sources) -> bool:
     if macros is None:
         return False
     code = "\n".join(strip_comments(t) for t in source_texts(cpp_sources))
-    return not _TORCH_GLOBALS.search(code) and not (set(_IDENTIFIER.findall(code)) & macros)
+    return not _TORCH_GLOBALS.search(code) and not (set(IDENTIFIER.findall(code)) & macros)

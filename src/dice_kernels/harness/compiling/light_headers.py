@@ -17,8 +17,8 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # allowed when they call nothing)
 _DECLARATION = re.compile(r"[\w:<>,\s*&]*[\w>*&][\s*&]+\w+\s*\([^(){}\"';]*\)\s*(?:const\s*)?")
 _EXTENSION_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<torch/extension\.h>[ \t]*$", re.MULTILINE)
-# the namespaces and the class a CUDA unit names when it uses torch (its macros, TORCH_CHECK and the like, fail to
-# compile without the header, so the build falls back)
+# the namespaces and the class a CUDA unit or a bare C++ module names when it uses torch (its macros, TORCH_CHECK and
+# the like, fail to compile without the header, so the build falls back)
 TORCH_NAMES = re.compile(r"\b(torch|at|c10|caffe2|Tensor)\b")
 _NEEDS_BINDINGS = re.compile(r"PYBIND11|\bpy::|\btorch::(nn|optim|jit|data|fft|linalg|special|autograd)::")
 
@@ -87,14 +87,14 @@ _OPS_INCLUDE = {  # ATen umbrella header -> its per-operator include lines (grou
     "Functions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)\.h>[ \t]*$", re.MULTILINE),
     "NativeFunctions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)_native\.h>[ \t]*$", re.MULTILINE),
 }
-_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
 def lean_umbrella(text: str, pattern: re.Pattern, names: set[str]) -> str:
     """An umbrella header's text with only the per-operator includes whose operator is in `names` or is named by
     the umbrella's own code (Functions.h defines a few overloads, such as `at::var(self, int dim)`, on top of
     the operators': leaving their operators out would change which overload a call picks)."""
-    own = set(_IDENTIFIER.findall(pattern.sub("", text)))
+    own = set(IDENTIFIER.findall(pattern.sub("", text)))
     return pattern.sub(lambda m: m.group(0) if m.group(1) in names or m.group(1) in own else "", text)
 
 
@@ -106,7 +106,7 @@ def lean_aten_headers(sources, out_dir: Path, aten_dir: Path | None = None) -> l
         import torch
 
         aten_dir = Path(torch.__file__).parent / "include" / "ATen"
-    names = {n for t in source_texts(sources) for n in _IDENTIFIER.findall(t)}
+    names = {n for t in source_texts(sources) for n in IDENTIFIER.findall(t)}
     try:
         umbrellas = {name: (aten_dir / name).read_text() for name in _OPS_INCLUDE}
     except OSError:
