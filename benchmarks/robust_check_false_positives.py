@@ -26,7 +26,7 @@ from pathlib import Path
 
 import dice_kernels
 from dice_kernels.data.sources import load_leaderboard
-from dice_kernels.harness import EvalConfig, Evaluator, Outcome, candidate_from_text
+from dice_kernels.harness import EvalConfig, Evaluator, Outcome, TimingConfig, candidate_from_text
 from dice_kernels.tasks import Task, load_task_file
 
 EXAMPLES = Path(dice_kernels.__file__).parent / "examples"  # the package's own: in a checkout and in the wheel
@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/robust-check-fp-cache"))
     ap.add_argument("--out", type=Path, required=True, help="the results JSON; an existing one is resumed")
     ap.add_argument("--smoke", action="store_true", help="the package's C++ examples on the CPU backend")
+    ap.add_argument("--no-timing", action="store_true",
+                    help="skip timing (the Exec figures need none; timed candidates run one at a time)")
     args = ap.parse_args()
     if not args.smoke and args.data is None:
         ap.error("--data is required (or --smoke)")
@@ -121,7 +123,9 @@ def main() -> None:
         staging.replace(args.out)
 
     if todo:
-        with Evaluator(EvalConfig(backend="cpu" if args.smoke else "cuda", cache_dir=args.cache_dir)) as ev:
+        config = EvalConfig(backend="cpu" if args.smoke else "cuda", cache_dir=args.cache_dir,
+                            timing=TimingConfig(enabled=not args.no_timing))
+        with Evaluator(config) as ev:
             ev.evaluate(todo, progress=False, on_result=keep)
     print("| candidate | outcome | sub-kind | extension loaded / called | finding or error |")
     print("|---|---|---|---|---|")
