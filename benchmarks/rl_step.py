@@ -9,7 +9,9 @@ Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, ra
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
 apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
-matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU).
+matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first update compiles flex attention for its
+shapes, so the same update runs again: its time is what every later step of a run pays. `--compare-rollouts` also
+decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
 to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same
@@ -78,8 +80,14 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         result.update(update_s=time.monotonic() - began, update_forced=True, loss=upd["loss"], kl=upd["kl"],
                       grad_norm=upd["grad_norm"], trained_rollouts=len(trajs))
         result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]
-        result["update_flops"] = _update_flops(step, trajs, result["update_s"],
-                                               args.peak_tflops if dist.device.type == "cuda" else None)
+        peak = args.peak_tflops if dist.device.type == "cuda" else None
+        result["update_flops"] = _update_flops(step, trajs, result["update_s"], peak)
+        # the first update compiles flex (forward, backward, block masks) for its shapes; every later step of a run
+        # reuses them: the same update again is the steady state
+        began = time.monotonic()
+        step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
+        result["update_warm_s"] = time.monotonic() - began
+        result["update_flops_warm"] = _update_flops(step, trajs, result["update_warm_s"], peak)
         if args.rows_per_update:  # DICE's rule on the same trajectories: one optimizer step per N replayed rows
             step.update = replace(step.update, rows_per_update=args.rows_per_update)
             began = time.monotonic()
@@ -88,8 +96,33 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
                                      "optimizer_steps": len(dice["updates"]), "updates": dice["updates"]}
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if args.compare_rollouts:
+        result["rollouts"] = _rollout_compare(step, tasks)
     print(json.dumps(result), flush=True)
     return result
+
+
+def _rollout_compare(step, tasks: list) -> list[dict]:
+    """The step's rollouts decoded eager (graphs only) and compiled (`RolloutConfig.compile`), each twice: the
+    first call captures graphs and compiles, the second is what every later RL step of a run pays."""
+    from dice_kernels.sampling.decoder import release_graphs
+    from dice_kernels.train.rl.rollout import generate_rollouts
+
+    policy = step.policy.plain if step.policy is not None else step.model
+    rows = []
+    for compiled in (False, True):
+        rollout = replace(step.rollout, compile=compiled)
+        for call in ("first", "again"):
+            began = time.monotonic()
+            out = generate_rollouts(policy, step.tokenizer, tasks, rollout.group, "e2e", step.backend,
+                                    rollout.sampling(), rollout.batch_rows, 0, step.stop_ids, keep_graphs=True)
+            seconds = time.monotonic() - began
+            tokens = sum(len(r.trajectory.tokens) for r in out)
+            rows.append({"compile": compiled, "call": call, "seconds": seconds, "tokens": tokens,
+                         "tokens_per_s": tokens / seconds})
+            print(json.dumps(rows[-1]), flush=True)
+        release_graphs(policy)
+    return rows
 
 
 def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) -> dict:
@@ -165,6 +198,8 @@ def main() -> None:
     p.add_argument("--rows-per-update", type=int, default=0,
                    help="also time DICE's update on the same trajectories: one optimizer step per N replayed rows "
                         "(256 in the DICE configs), beside today's one step")
+    p.add_argument("--compare-rollouts", action="store_true",
+                   help="also decode the step's rollouts eager and compiled (rollout.compile), each twice")
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2")
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
     p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
@@ -195,12 +230,19 @@ def main() -> None:
     print(f"\nBiC-RL step, {args.shape} random weights, {args.tasks_per_step} tasks x {args.group} rollouts, "
           f"{args.max_new} new tokens, {results['device']}")
     print(f"{'phase':<28}{'seconds':>10}")
-    for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s"):
-        print(f"{key[:-2]:<28}{s[key]:>10.1f}")
+    for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s", "update_warm_s"):
+        if key in s:
+            print(f"{key[:-2].replace('_warm', ' again (warm)'):<28}{s[key]:>10.1f}")
     print(f"tokens generated {s['tokens_generated']:,} ({s['rollout_tokens_per_s']:,.0f}/s), trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")
     _print_update_flops(s.get("update_flops"))
+    if "update_flops_warm" in s:
+        print("again, ", end="")
+        _print_update_flops(s["update_flops_warm"])
+    for r in s.get("rollouts", []):
+        print(f"rollouts {'compiled' if r['compile'] else 'eager':<9}{r['call']:<6}{r['seconds']:>8.1f} s "
+              f"{r['tokens_per_s']:>9,.0f} tokens/s")
     if d := s.get("dice_update"):
         last = d["updates"][-1] if d["updates"] else {}
         print(f"DICE's update (one optimizer step per {d['rows_per_update']} rows): {d['optimizer_steps']} steps in "

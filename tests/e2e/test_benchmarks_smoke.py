@@ -71,10 +71,15 @@ def test_sft_trainer(tmp_path):
 @pytest.mark.slow  # a tiny RL step and two reward calls on the examples (builds: the session cache's)
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
-                 "--rows-per-update", "1", cwd=tmp_path)
+                 "--rows-per-update", "1", "--compare-rollouts", cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]
+    assert step["update_warm_s"] > 0 and step["update_flops_warm"]["total"] == flops["total"]
+    # the same tasks and seed, decoded four times: on a CPU (compile ignored) the same tokens each time
+    assert [(r["compile"], r["call"]) for r in step["rollouts"]] == [(False, "first"), (False, "again"),
+                                                                     (True, "first"), (True, "again")]
+    assert len({r["tokens"] for r in step["rollouts"]}) == 1 and "rollouts compiled" in out
     assert flops["total"] == flops["useful"] + flops["padding"] > 0 and 0 <= flops["pad_share"] < 1
     assert flops["tokens"] > 0 and flops["mfu"] is None and flops["tflops"] > 0
     assert "MFU n/a on a CPU" in out and "padding" in out

@@ -63,6 +63,9 @@ class RolloutConfig:
     top_p: float = 1.0
     batch_rows: int = 64  # responses decoded together (per rank)
     seed: int = 0
+    # CUDA: decode through the compiled decoder (fused layer regions and flex over the KV cache in place, then CUDA
+    # graphs: `SamplingConfig.compile`); the first step pays its compiles. Ignored on CPU
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if min(self.tasks_per_step, self.group, self.max_new_tokens, self.batch_rows, self.steps) < 1:
@@ -73,7 +76,7 @@ class RolloutConfig:
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(max_new_tokens=self.max_new_tokens, block_size=self.block_size, steps=self.steps,
                               strategy=self.strategy, threshold=self.threshold, temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+                              top_k=self.top_k, top_p=self.top_p, seed=self.seed, compile=self.compile)
 
 
 @dataclass

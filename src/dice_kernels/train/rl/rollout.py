@@ -68,10 +68,11 @@ def response_candidate(task: RLTask, phase: str, text: str, id: str) -> Candidat
 
 def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTask], group: int, phase: str,
                       backend: str, sampling: SamplingConfig, batch_rows: int, step: int,
-                      stop_ids: list[int]) -> list[Rollout]:
+                      stop_ids: list[int], keep_graphs: bool = False) -> list[Rollout]:
     """`group` responses per task, decoded `batch_rows` rows at a time (a task's group shares its prompt). The
     seed of each chunk derives from the sampling seed, the step and the chunk, so a resumed step redraws the same
-    responses from the same weights."""
+    responses from the same weights. The decoder's KV cache and graphs are freed at the end unless `keep_graphs`
+    (a training update would otherwise hold them)."""
     prompts = [tokenizer.encode(rollout_prompt(t, phase, backend), add_special_tokens=False) for t in tasks]
     rows = [(ti, k) for ti in range(len(tasks)) for k in range(group)]
     out: list[Rollout] = []
@@ -93,6 +94,7 @@ def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTas
                 out.append(Rollout(task=task, sample=k, trajectory=trajectory, text=text, stopped=stopped,
                                    candidate=response_candidate(task, phase, text, cid)))
     finally:
-        release_graphs(model)  # the kept KV cache and graphs would sit through the update
+        if not keep_graphs:
+            release_graphs(model)
         model.train(was_training)
     return out
