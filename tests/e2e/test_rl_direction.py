@@ -13,7 +13,7 @@ from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.sampling.decoder import SamplingConfig, decode
 from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
-from dice_kernels.train.rl.trainer import RLStep
+from dice_kernels.train.rl.trainer import RLStep, flex_rows
 from dice_kernels.train.rl.tracerl import Trajectory, denoising_rows, replay_batch, token_logprobs
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -88,3 +88,17 @@ def test_dice_rule_takes_one_optimizer_step_per_rows_of_replayed_states(dist, tr
     assert len(stats["updates"]) == 3
     _, _, stats = _update(dist, trajectories, 1.0, lr=1e-3, update=UpdateConfig(micro_rows=4, rows_per_update=1))
     assert len(stats["updates"]) == len(trajectories)  # at most one per response
+
+
+def test_flex_micro_batches_pad_rows_to_a_power_of_two_not_to_micro_rows(trajectories):
+    """Compiled flex wants few shapes, but a padding row costs a whole row's forward and backward: 5 responses at
+    micro_rows 4 lay out as 4 rows and 1 (not 4 and 4 with 3 of padding), each as long as the step's longest
+    replay rounded up to 1,024; every response is scored exactly once."""
+    step = RLStep.__new__(RLStep)
+    step.model, step.attention, step.pad_id = tiny_model(0), "flex", 0
+    step.rollout, step.update = RolloutConfig(block_size=4), UpdateConfig(micro_rows=4)
+    plan = step._micro_batches(trajectories[:5])
+    assert [tuple(batch.ids.shape) for _, batch in plan] == [(4, 1024), (1, 1024)]
+    assert sorted(i for rows, _ in plan for i in rows) == list(range(5))
+    assert [int(batch.scored.any(1).sum()) for _, batch in plan] == [4, 1]
+    assert [flex_rows(r, 8) for r in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
