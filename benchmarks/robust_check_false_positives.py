@@ -38,13 +38,15 @@ def dice_pairs(data: Path, n: int) -> list:
              candidate_from_text(r["cuda_code"], id=f"dice/{r['id']}")) for r in rows[:n]]
 
 
-def leaderboard_pairs(data: Path, n: int) -> list:
+def leaderboard_pairs(data: Path, n: int, levels: list[int] | None = None) -> list:
+    """n solutions spread evenly over the scored ones, then only those of `levels` (None: all): a level's picks
+    do not depend on the filter, so runs over different levels resume into one results file."""
     loaded = load_leaderboard(data / "corpora" / "kb_leaderboard_solutions_413.json",
                               data / "corpora" / "kb_leaderboard_tasks_v0.jsonl")
     scored = [r for r in loaded.records if r.provenance["published"].get("torch_speedup")]
     picked = scored[::max(1, len(scored) // n)][:n] if n else []
     return [(Task(id=r.id, name=r.id.replace("/", "_"), code=r.reference, level=r.level),
-             candidate_from_text(r.kernel, id=r.id)) for r in picked]
+             candidate_from_text(r.kernel, id=r.id)) for r in picked if not levels or r.level in levels]
 
 
 def smoke_pairs() -> list:
@@ -102,13 +104,17 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/robust-check-fp-cache"))
     ap.add_argument("--out", type=Path, required=True, help="the results JSON; an existing one is resumed")
     ap.add_argument("--smoke", action="store_true", help="the package's C++ examples on the CPU backend")
+    ap.add_argument("--level", type=int, action="append",
+                    help="only the leaderboard solutions of this KernelBench level (repeatable; default: all)")
     ap.add_argument("--no-timing", action="store_true",
                     help="skip timing (the Exec figures need none; timed candidates run one at a time)")
     args = ap.parse_args()
     if not args.smoke and args.data is None:
         ap.error("--data is required (or --smoke)")
-    batch = smoke_pairs() if args.smoke else dice_pairs(args.data, args.dice) + leaderboard_pairs(args.data,
-                                                                                                 args.leaderboard)
+    if args.smoke:
+        batch = smoke_pairs()
+    else:
+        batch = dice_pairs(args.data, args.dice) + leaderboard_pairs(args.data, args.leaderboard, args.level)
     earlier = json.loads(args.out.read_text()) if args.out.is_file() else {}
     rows, spent = earlier.get("rows", []), earlier.get("wall_s", 0.0)
     done = {x["candidate"] for x in rows}
