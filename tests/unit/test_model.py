@@ -310,3 +310,17 @@ def test_compiled_flex_over_the_cache_in_a_cuda_graph_matches_the_matmul_path(qu
         out = run()
     graph.replay()
     torch.testing.assert_close(out, _matmul_attention(q, k, v, over_span, 256), rtol=2e-2, atol=2e-2)
+
+
+def test_compiled_flex_raises_the_recompile_limit_and_never_lowers_it(monkeypatch):
+    """Past torch._dynamo's recompile limit (8) compiled flex runs eager and materialises every score: the RL
+    update's shapes (rows x lengths x grad mode) exceed 8, so making the compiled flex raises the limit."""
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    attention._compiled_flex.cache_clear()
+    attention._compiled_flex()
+    assert dynamo_config.recompile_limit == attention.FLEX_RECOMPILE_LIMIT > 8
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 500)
+    attention.allow_flex_recompiles()
+    assert dynamo_config.recompile_limit == 500

@@ -68,9 +68,22 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: t
     return mask_mod(b, torch.zeros((), dtype=torch.long, device=device), q_idx, kv_idx)[:, None]
 
 
+# torch._dynamo compiles a function once per shape (and grad mode), up to its recompile limit (default 8); past
+# it the function silently runs eager, and eager flex materialises every score (B x H x Q x K). The RL update meets
+# more: (rows: a power of two) x (length: a multiple of 1,024) x (no-grad old policy, grad policy).
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def allow_flex_recompiles() -> None:
+    """Raise torch._dynamo's recompile limit (process-wide) to `FLEX_RECOMPILE_LIMIT`, never lower it."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+
+
 def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
     """FlexAttention's block-sparse view of a mask_mod. On CUDA the mask_mod is compiled and evaluated tile by
     tile, so no Q x K tensor is ever materialised; on CPU (tests) it is evaluated eagerly."""
+    if device.type == "cuda":
+        allow_flex_recompiles()
     return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
 
 
@@ -151,6 +164,7 @@ def fold_gqa_mask(mask: Tensor, groups: int, kv_heads: int | None = None, dtype:
 
 @functools.cache
 def _compiled_flex() -> Callable:
+    allow_flex_recompiles()
     return torch.compile(flex_attention, dynamic=False)
 
 
