@@ -94,8 +94,8 @@ class Evaluator:
 
         With `out_dir`, each result is written to `out_dir/results.sqlite` as soon as it is known; with `resume`,
         pairs already in that database are not evaluated again. Identical (task, code) pairs are evaluated once.
-        `on_result` sees each result as it is recorded. Warm workers, the fork server and cached baselines carry over
-        to the next call; one call runs at a time.
+        `on_result` sees each result as it is recorded, one call at a time (results come from several run threads).
+        Warm workers, the fork server and cached baselines carry over to the next call; one call runs at a time.
         """
         with self._batch_lock:
             self.began = time.monotonic()
@@ -124,8 +124,8 @@ class Evaluator:
                 if store and fresh:
                     store.put(r)
                 bar.advance(r, resumed=not fresh)
-            if on_result:
-                on_result(r)
+                if on_result:
+                    on_result(r)
 
         first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
         duplicates: dict[int, list[int]] = {}
