@@ -103,6 +103,7 @@ import torch  # noqa: E402
 import kernelbench_style as kbs  # noqa: E402 - benchmarks/ is on sys.path when this file runs as a script
 from dice_kernels.harness import (BuildConfig, Candidate, EvalConfig, EvalResult, SchedulerConfig,  # noqa: E402
                                   candidate_from_text, evaluate)
+from dice_kernels.harness.config import usable_cpus  # noqa: E402
 from dice_kernels.harness.timing.platform import Platform  # noqa: E402
 from dice_kernels.report.eval_report import seconds_by_phase  # noqa: E402
 from dice_kernels.tasks import Task, load_task_file, task_from_code  # noqa: E402
@@ -592,7 +593,7 @@ def _meta(args: argparse.Namespace, backend: str) -> dict:
     plat = Platform.detect(backend)
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv[1:],
             "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "src")),
-            "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": os.cpu_count(),
+            "backend": backend, "hardware": plat.hardware, "torch": torch.__version__, "cpus": usable_cpus(),
             "jobs": args.jobs, "build_jobs": ours_build_jobs(args), "run_workers": args.run_workers,
             "fast_build": args.fast_build, "fork_workers": args.fork_workers, "seed": args.seed}
 
@@ -690,7 +691,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="which tasks and foreign kernels (batch is deterministic)")
     ap.add_argument("--kb-subset", type=int, default=0,
                     help="the KernelBench-style evaluator sees the first N candidates (default 2 tasks; smoke: all)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("--jobs", type=int, default=usable_cpus(),
                     help="KernelBench's pre-compile pool size (one process a core, as KernelBench's pool)")
     ap.add_argument("--build-jobs", type=int, default=0,
                     help="ours: builds in flight (build.jobs; 0: its default, 1.25 a core)")

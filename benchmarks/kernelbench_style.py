@@ -59,6 +59,7 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from dice_kernels.harness.config import usable_cpus
 from dice_kernels.harness.compiling.in_sandbox import MEMORY_ERROR_PATTERNS  # the same rule as our worker's, so outcomes can agree
 
 _BUILD_FAILED = "Error building extension"
@@ -80,7 +81,7 @@ class KBJob:
 @dataclass
 class KBConfig:
     backend: str = "cuda"  # "cuda" or "cpu" (CPU C++ extensions, perf_counter timing)
-    workers: int = max(1, os.cpu_count() or 1)  # pre-compile pool size (KernelBench: num_cpu_workers)
+    workers: int = usable_cpus()  # pre-compile pool size (KernelBench: num_cpu_workers)
     num_correct_trials: int = 5
     num_perf_trials: int = 100
     num_warmup: int = 3

@@ -515,3 +515,19 @@ def test_bindings_built_against_the_light_precompiled_header_work(tmp_path):
 def test_a_unit_compiles_with_the_headers_flags_and_finds_it_first(tmp_path):
     plan = PchPlan((), tmp_path / "h", ["g++", "-x", "c++-header", "-O2", "-fPIC", "-std=c++17"], tmp_path / "e.h")
     assert plan.unit_command() == ["g++", "-O2", "-fPIC", "-std=c++17", f"-I{tmp_path / 'h'}"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_build_jobs_follow_the_cpus_the_process_may_use_not_the_hosts():
+    """A container sees the host's CPU count in os.cpu_count() (96 on a 16-core H200 machine: 120 builds ran at
+    once); the default build jobs and CPU count come from the process's affinity mask."""
+    import sys
+
+    code = ("import os; from dice_kernels.harness.config import BuildConfig, usable_cpus; "
+            "print(os.cpu_count(), usable_cpus(), BuildConfig().jobs)")
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    host, usable, jobs = map(int, pinned.stdout.split())
+    assert (usable, jobs) == (1, 1) and host >= 1
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert 1 <= int(free.stdout.split()[1]) <= len(os.sched_getaffinity(0))  # a cgroup CPU quota may cap it

@@ -41,6 +41,23 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "dice-kernels" / "builds"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a container's or taskset's share of the host, which
+    os.cpu_count() ignores: 96 on a 16-core H200 machine, so 120 builds ran at once), capped by a cgroup v2 CPU
+    quota when one is set."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
 def total_memory_gib() -> float | None:
     """The machine's physical memory (None where the OS does not say)."""
     try:
@@ -178,7 +195,7 @@ class BuildConfig:
     # header, so one a core left the last builds to run almost alone after the others (a tail of 20-30 s); with
     # 20 for 16 cores, and forked workers, a 20-build batch finished 10-20 % sooner on the H200
     # (an A/B at `492d3be`; before forked workers, 1.5 a core had been 4-6 % slower)
-    jobs: int = max(1, (os.cpu_count() or 2) * 5 // 4)
+    jobs: int = field(default_factory=lambda: max(1, usable_cpus() * 5 // 4))  # 1.25 a usable core
     timeout_s: float = 600.0  # wall clock for one candidate's build
     # build workers (and the compilers they start) run this much nicer than run workers, so compiles on every
     # core never slow the run workers' trials and timing; 0: same priority

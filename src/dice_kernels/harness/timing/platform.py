@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from dice_kernels.harness.config import usable_cpus
 from dice_kernels.harness.timing.speed_of_light import Ceilings
 
 
@@ -69,7 +70,7 @@ def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+                return f"{line.split(':', 1)[1].strip()} ({usable_cpus()} cores)"
     except OSError:
         pass
     return platform.processor() or platform.machine()

@@ -5,12 +5,12 @@ it whose outputs the parent re-checks, and the reference's extras (torch.compile
 from __future__ import annotations
 
 import itertools
-import os
 import types
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
+from dice_kernels.harness.config import usable_cpus
 from dice_kernels.harness.process import gpu_lock
 from dice_kernels.harness.timing import cache_flush, loop as timing, speed_of_light, stats as timing_stats
 from dice_kernels.harness.compiling.in_sandbox import StageError
@@ -168,7 +168,7 @@ def speed_of_light_inputs(model, inputs: list, outputs: list, job: RunJob) -> di
     if sol["dtype"] not in job.reference.ceilings_known:
         threads = torch.get_num_threads()
         # on CPU, once with one thread and once with every core: a parallel copy is the first to suffer from load
-        counts = sorted({1, os.cpu_count() or 1}) if job.device == "cpu" else [threads]
+        counts = sorted({1, usable_cpus()}) if job.device == "cpu" else [threads]
         try:
             with gpu_lock.exclusive(job.gpu_lock):
                 sol["ceilings"] = []

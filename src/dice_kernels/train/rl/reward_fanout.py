@@ -4,12 +4,12 @@ and merges the results back in input order; the driver alone writes the results 
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from dice_kernels.harness import Candidate, EvalConfig, EvalResult, Evaluator
+from dice_kernels.harness.config import usable_cpus
 from dice_kernels.harness.progress import Progress
 from dice_kernels.harness.process.sandbox import available_memory_bytes
 from dice_kernels.harness.store import ResultStore
@@ -52,7 +52,7 @@ class EvaluatorActor:
 
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
         if cpus:
-            share = min(1.0, cpus / (os.cpu_count() or 1))
+            share = min(1.0, cpus / usable_cpus())
             config = replace(config, build=replace(config.build, jobs=max(1, int(cpus * 5 / 4))))  # 1.25 a core, as BuildConfig
             available = available_memory_bytes()
             if config.scheduler.output_memory_gb <= 0 and available:  # the harness default: half of what is available
