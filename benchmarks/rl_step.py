@@ -200,7 +200,7 @@ def main() -> None:
                         "(256 in the DICE configs), beside today's one step")
     p.add_argument("--compare-rollouts", action="store_true",
                    help="also decode the step's rollouts eager and compiled (rollout.compile), each twice")
-    p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2")
+    p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2 (0: no part 2)")
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
     p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
     p.add_argument("--peak-tflops", type=float, default=790.0,
@@ -225,7 +225,7 @@ def main() -> None:
                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     with RewardService(cfg, work / "run") as rewards:
         results["step"] = _train_step(args, work, rewards)
-        results["reward_calls"] = _reward_calls(rewards, args.reward_tasks, backend)
+        results["reward_calls"] = _reward_calls(rewards, args.reward_tasks, backend) if args.reward_tasks else []
     s = results["step"]
     print(f"\nBiC-RL step, {args.shape} random weights, {args.tasks_per_step} tasks x {args.group} rollouts, "
           f"{args.max_new} new tokens, {results['device']}")
