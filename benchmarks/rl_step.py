@@ -92,8 +92,10 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
             step.update = replace(step.update, rows_per_update=args.rows_per_update)
             began = time.monotonic()
             dice = step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
-            result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": time.monotonic() - began,
-                                     "optimizer_steps": len(dice["updates"]), "updates": dice["updates"]}
+            seconds = time.monotonic() - began
+            result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": seconds,
+                                     "optimizer_steps": len(dice["updates"]), "updates": dice["updates"],
+                                     "flops": _update_flops(step, trajs, seconds, peak)}
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.compare_rollouts:
@@ -126,11 +128,14 @@ def _rollout_compare(step, tasks: list) -> list[dict]:
 
 
 def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) -> dict:
-    """Model FLOPs of the forced update, its micro-batches as RLStep lays them out (one rank, one optimizer step),
-    and their rate; MFU against `peak_tflops` (None on a CPU: no MFU)."""
+    """Model FLOPs of the forced update, its micro-batches as RLStep lays them out (one rank; the trajectories split
+    over `step.updates_for` optimizer steps as `update_policy` splits them), and their rate; MFU against
+    `peak_tflops` (None on a CPU: no MFU)."""
     from dice_kernels.train.flops import replay_work, update_flops
 
-    work = [replay_work(batch) for _, batch in step._micro_batches(trajs)]
+    n = step.updates_for(trajs)
+    parts = [[t for i, t in enumerate(trajs) if i % n == k] for k in range(n)]
+    work = [replay_work(batch) for part in parts for _, batch in step._micro_batches(part)]
     flops = update_flops(step.model.config, work)
     tflops = flops.total / seconds / 1e12
     return {"useful": flops.useful, "padding": flops.padding, "total": flops.total, "pad_share": flops.pad_share,
@@ -248,6 +253,8 @@ def main() -> None:
         print(f"DICE's update (one optimizer step per {d['rows_per_update']} rows): {d['optimizer_steps']} steps in "
               f"{d['update_s']:.1f} s; last step's ratio RMS dev {last.get('ratio_rms_dev', 0):.2e}, clipped "
               f"{last.get('clip_fraction', 0):.3f}, KL {last.get('kl', 0):.2e}")
+        print("DICE's ", end="")
+        _print_update_flops(d["flops"])
     print(f"\n{'reward call':<14}{'candidates':>12}{'evaluations':>13}{'seconds':>10}{'cand/min':>10}{'eval/min':>10}")
     for c in results["reward_calls"]:
         print(f"{c['call']:<14}{c['candidates']:>12}{c['evaluations']:>13}{c['seconds']:>10.1f}"
