@@ -99,7 +99,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.compare_rollouts:
-        result["rollouts"] = _rollout_compare(step, tasks)
+        result["rollout_compare"] = _rollout_compare(step, tasks)
     print(json.dumps(result), flush=True)
     return result
 
@@ -245,7 +245,7 @@ def main() -> None:
     if "update_flops_warm" in s:
         print("again, ", end="")
         _print_update_flops(s["update_flops_warm"])
-    for r in s.get("rollouts", []):
+    for r in s.get("rollout_compare", []):
         print(f"rollouts {'compiled' if r['compile'] else 'eager':<9}{r['call']:<6}{r['seconds']:>8.1f} s "
               f"{r['tokens_per_s']:>9,.0f} tokens/s")
     if d := s.get("dice_update"):

@@ -77,9 +77,9 @@ def test_rl_step(tmp_path, build_cache):
     assert step["trained_rollouts"] == 4 and step["update_forced"]
     assert step["update_warm_s"] > 0 and step["update_flops_warm"]["total"] == flops["total"]
     # the same tasks and seed, decoded four times: on a CPU (compile ignored) the same tokens each time
-    assert [(r["compile"], r["call"]) for r in step["rollouts"]] == [(False, "first"), (False, "again"),
+    assert [(r["compile"], r["call"]) for r in step["rollout_compare"]] == [(False, "first"), (False, "again"),
                                                                      (True, "first"), (True, "again")]
-    assert len({r["tokens"] for r in step["rollouts"]}) == 1 and "rollouts compiled" in out
+    assert len({r["tokens"] for r in step["rollout_compare"]}) == 1 and "rollouts compiled" in out
     assert flops["total"] == flops["useful"] + flops["padding"] > 0 and 0 <= flops["pad_share"] < 1
     assert flops["tokens"] > 0 and flops["mfu"] is None and flops["tflops"] > 0
     assert "MFU n/a on a CPU" in out and "padding" in out

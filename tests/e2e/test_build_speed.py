@@ -519,8 +519,8 @@ def test_a_unit_compiles_with_the_headers_flags_and_finds_it_first(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
 def test_build_jobs_follow_the_cpus_the_process_may_use_not_the_hosts():
-    """A container sees the host's CPU count in os.cpu_count() (96 on a 16-core H200 machine: 120 builds ran at
-    once); the default build jobs and CPU count come from the process's affinity mask."""
+    """os.cpu_count() counts the host's CPUs, whatever share of them a cpuset or taskset gives the process; the
+    default build jobs and CPU count come from the process's affinity mask."""
     import sys
 
     code = ("import os; from dice_kernels.harness.config import BuildConfig, usable_cpus; "

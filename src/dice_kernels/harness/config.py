@@ -42,9 +42,8 @@ def default_cache_dir() -> Path:
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (a container's or taskset's share of the host, which
-    os.cpu_count() ignores: 96 on a 16-core H200 machine, so 120 builds ran at once), capped by a cgroup v2 CPU
-    quota when one is set."""
+    """CPUs this process may run on: its affinity mask (a cpuset's or taskset's share of the host, which
+    os.cpu_count() ignores), capped by a cgroup v2 CPU quota when one is set."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
