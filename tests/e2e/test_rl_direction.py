@@ -91,14 +91,16 @@ def test_dice_rule_takes_one_optimizer_step_per_rows_of_replayed_states(dist, tr
 
 
 def test_flex_micro_batches_pad_rows_to_a_power_of_two_not_to_micro_rows(trajectories):
-    """Compiled flex wants few shapes, but a padding row costs a whole row's forward and backward: 5 responses at
-    micro_rows 4 lay out as 4 rows and 1 (not 4 and 4 with 3 of padding), each as long as the step's longest
-    replay rounded up to 1,024; every response is scored exactly once."""
+    """Compiled flex compiles once per shape, but a padding row costs a whole row's forward and backward: an
+    optimizer step of 1, 2 or 3 responses at micro_rows 4 lays out as 1, 2 or 4 rows, one of 5 as 4 + 4 (the last
+    micro-batch keeps the step's shape), each as long as the longest replay rounded up to 1,024; every response is
+    scored exactly once."""
     step = RLStep.__new__(RLStep)
     step.model, step.attention, step.pad_id = tiny_model(0), "flex", 0
     step.rollout, step.update = RolloutConfig(block_size=4), UpdateConfig(micro_rows=4)
+    shapes = {n: [tuple(batch.ids.shape) for _, batch in step._micro_batches(trajectories[:n])] for n in (1, 2, 3, 5)}
+    assert shapes == {1: [(1, 1024)], 2: [(2, 1024)], 3: [(4, 1024)], 5: [(4, 1024), (4, 1024)]}
     plan = step._micro_batches(trajectories[:5])
-    assert [tuple(batch.ids.shape) for _, batch in plan] == [(4, 1024), (1, 1024)]
     assert sorted(i for rows, _ in plan for i in rows) == list(range(5))
     assert [int(batch.scored.any(1).sum()) for _, batch in plan] == [4, 1]
-    assert [flex_rows(r, 8) for r in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [flex_rows(r, 8) for r in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]

@@ -144,17 +144,18 @@ class RLStep:
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
-        share a forward. With flex every micro-batch of the step has one length, a multiple of 1,024, and a row
-        count from `flex_rows`: compiled flex compiles one kernel per shape, so a run compiles a few, not one per
-        micro-batch (a step trains however many rollouts had reward variance, so its last micro-batch would change
-        size)."""
+        share a forward. With flex every micro-batch of the call has one length, a multiple of 1,024, and one row
+        count (`flex_rows`): compiled flex compiles once per shape (about a minute for the 1.7B shape on the H200), so
+        a run compiles a few, not one per micro-batch (a step trains however many rollouts had reward variance, so
+        its last micro-batch would change size)."""
         block, mask_id = self.rollout.block_size, self.model.config.mask_token_id
         lengths = [replay_length(t, block) for t in trajs]
         rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
         n, flex = self.update.micro_rows, self.attention == "flex"
         length = -(-max(lengths) // 1024) * 1024 if flex else 0
+        rows_per_batch = flex_rows(len(trajs), n) if flex else 0
         return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length,
-                                    rows=flex_rows(len(part), n) if flex else 0))
+                                    rows=rows_per_batch))
                 for part in (rows[i: i + n] for i in range(0, len(rows), n))]
 
     def updates_for(self, trajs: list[Trajectory]) -> int:
@@ -230,12 +231,12 @@ class RLStep:
                 "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms), "updates": per_update}
 
 
-def flex_rows(rows: int, micro_rows: int) -> int:
-    """Rows of a flex micro-batch holding `rows` responses: the next power of two, at most `micro_rows`. Padding
-    rows cost a forward and backward each, so a part with one response (DICE's rule of one optimizer step per 256
-    replayed rows takes one response a step) pays for one row, not `micro_rows`; powers of two keep the shapes,
-    hence flex's compiles, to a few."""
-    return min(micro_rows, 1 << max(0, rows - 1).bit_length())
+def flex_rows(responses: int, micro_rows: int) -> int:
+    """Rows of every flex micro-batch of an optimizer step's `responses`: `micro_rows`, or for fewer responses the
+    next power of two. Padding rows cost a forward and backward each, so an optimizer step of one response (DICE's
+    rule of one step per 256 replayed rows takes one) pays for one row, not `micro_rows`; powers of two keep the
+    shapes, hence flex's compiles, to a few, and a longer step's last micro-batch keeps the others' shape."""
+    return min(micro_rows, 1 << max(0, responses - 1).bit_length())
 
 
 def _update_record(ratios: list[torch.Tensor], kl: float, clipped: int, dist: Dist) -> dict:
