@@ -5,7 +5,8 @@
 
 Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
-4 steps), their rewards, the TraceRL update; seconds per phase and peak GPU memory. Random weights write no code,
+4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
+checkpointing unless `--no-activation-checkpointing`); seconds per phase and peak GPU memory. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
 apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
@@ -49,7 +50,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     dist = init_distributed()
     t0 = time.monotonic()
     section = ModelSection(shape=args.shape, tokenizer=args.tokenizer)
-    parallel = ParallelConfig(activation_checkpointing=not args.smoke)
+    parallel = ParallelConfig(activation_checkpointing=args.activation_checkpointing and not args.smoke)
     tokenizer = load_tokenizer_for(section)
     model = build_model(section, parallel, dist, tokenizer)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-6, warmup_fraction=0.0))
@@ -58,7 +59,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     tasks = load_task_set(args.tasks, "e2e")
     tasks = (tasks * args.tasks_per_step)[: args.tasks_per_step]
     rollout = RolloutConfig(tasks_per_step=len(tasks), group=args.group, max_new_tokens=args.max_new,
-                            batch_rows=len(tasks) * args.group, seed=0)
+                            batch_rows=len(tasks) * args.group, seed=0, compile=args.compile_rollouts)
     step = RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=args.micro_rows), 1.0,
                   attention_backend(parallel, dist.device), rewards.cfg.eval_config().resolved_backend(), dist,
                   policy)
@@ -203,6 +204,10 @@ def main() -> None:
     p.add_argument("--rows-per-update", type=int, default=0,
                    help="also time DICE's update on the same trajectories: one optimizer step per N replayed rows "
                         "(256 in the DICE configs), beside today's one step")
+    p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute each layer in the backward (less memory, ~1/3 more update FLOPs; GPU only)")
+    p.add_argument("--compile-rollouts", action="store_true",
+                   help="the step's rollouts through the compiled decoder (rollout.compile)")
     p.add_argument("--compare-rollouts", action="store_true",
                    help="also decode the step's rollouts eager and compiled (rollout.compile), each twice")
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2 (0: no part 2)")

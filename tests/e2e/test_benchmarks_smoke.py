@@ -71,7 +71,7 @@ def test_sft_trainer(tmp_path):
 @pytest.mark.slow  # a tiny RL step and two reward calls on the examples (builds: the session cache's)
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
-                 "--rows-per-update", "1", "--compare-rollouts", cwd=tmp_path)
+                 "--rows-per-update", "1", "--compare-rollouts", "--compile-rollouts", cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]
