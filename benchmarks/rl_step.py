@@ -77,7 +77,8 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
         trajs = [r.trajectory for r in step.last_rollouts]
         began = time.monotonic()
-        upd = step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
+        forced = [(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)]
+        upd = step.update_policy(forced, trajs[0])
         result.update(update_s=time.monotonic() - began, update_forced=True, loss=upd["loss"], kl=upd["kl"],
                       grad_norm=upd["grad_norm"], trained_rollouts=len(trajs))
         result["step_s"] = result["rollout_s"] + result["reward_s"] + result["update_s"]
@@ -86,13 +87,13 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         # the first update compiles flex (forward, backward, block masks) for its shapes; every later step of a run
         # reuses them: the same update again is the steady state
         began = time.monotonic()
-        step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
+        step.update_policy(forced, trajs[0])
         result["update_warm_s"] = time.monotonic() - began
         result["update_flops_warm"] = _update_flops(step, trajs, result["update_warm_s"], peak)
         if args.rows_per_update:  # DICE's rule on the same trajectories: one optimizer step per N replayed rows
             step.update = replace(step.update, rows_per_update=args.rows_per_update)
             began = time.monotonic()
-            dice = step.update_policy([(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)], trajs[0])
+            dice = step.update_policy(forced, trajs[0])
             seconds = time.monotonic() - began
             result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": seconds,
                                      "optimizer_steps": len(dice["updates"]), "updates": dice["updates"],
@@ -133,10 +134,10 @@ def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) 
     over `step.updates_for` optimizer steps as `update_policy` splits them), and their rate; MFU against
     `peak_tflops` (None on a CPU: no MFU)."""
     from dice_kernels.train.flops import replay_work, update_flops
+    from dice_kernels.train.rl.trainer import update_parts
 
-    n = step.updates_for(trajs)
-    parts = [[t for i, t in enumerate(trajs) if i % n == k] for k in range(n)]
-    work = [replay_work(batch) for part in parts for _, batch in step._micro_batches(part)]
+    parts = update_parts(list(range(len(trajs))), step.updates_for(trajs))
+    work = [replay_work(batch) for part in parts for _, batch in step._micro_batches([trajs[i] for i in part])]
     flops = update_flops(step.model.config, work)
     tflops = flops.total / seconds / 1e12
     return {"useful": flops.useful, "padding": flops.padding, "total": flops.total, "pad_share": flops.pad_share,

@@ -70,7 +70,8 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: t
 
 # torch._dynamo compiles a function once per shape (and grad mode), up to its recompile limit (default 8); past
 # it the function silently runs eager, and eager flex materialises every score (B x H x Q x K). The RL update meets
-# more: (rows: a power of two) x (length: a multiple of 1,024) x (no-grad old policy, grad policy).
+# more: (rows: a power of two) x (length: a multiple of 1,024) x (no-grad old policy, grad policy). Raised when
+# compiled flex is first made, before any forward: that covers create_block_mask's compiles too.
 FLEX_RECOMPILE_LIMIT = 64
 
 
@@ -82,8 +83,6 @@ def allow_flex_recompiles() -> None:
 def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
     """FlexAttention's block-sparse view of a mask_mod. On CUDA the mask_mod is compiled and evaluated tile by
     tile, so no Q x K tensor is ever materialised; on CPU (tests) it is evaluated eagerly."""
-    if device.type == "cuda":
-        allow_flex_recompiles()
     return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=device.type == "cuda")
 
 

@@ -184,7 +184,7 @@ class RLStep:
         # each row's sum over its tokens divided by the padded response length (the step's longest
         # response, rounded up to whole blocks), so every row is weighed on one scale
         norm_len = _max([max((-(-len(t.tokens) // block) * block for t in trajs), default=0)], self.dist)[0]
-        parts = [[i for i, (gid, _, _) in enumerate(kept) if gid % n_updates == k] for k in range(n_updates)]
+        parts = update_parts([gid for gid, _, _ in kept], n_updates)
         plans = [self._micro_batches([trajs[i] for i in part]) if part else [] for part in parts]
         counts = [int(c) for c in _max([len(p) for p in plans], self.dist)]
         part_rows = [int(r) for r in _sum([len(p) for p in parts], self.dist)]
@@ -229,6 +229,12 @@ class RLStep:
         kl_sum, clipped, tokens = _sum([kl_sum, clipped, tokens], self.dist)
         return {"loss": sum(losses) / len(losses), "kl": kl_sum / max(1, tokens),
                 "clip_fraction": clipped / max(1, tokens), "grad_norm": max(norms), "updates": per_update}
+
+
+def update_parts(global_ids: list[int], n_updates: int) -> list[list[int]]:
+    """Which rows (positions in `global_ids`) each of `n_updates` optimizer steps takes: step k those whose global
+    rollout index is k modulo `n_updates`, so the split does not depend on the ranks."""
+    return [[i for i, gid in enumerate(global_ids) if gid % n_updates == k] for k in range(n_updates)]
 
 
 def flex_rows(responses: int, micro_rows: int) -> int:
