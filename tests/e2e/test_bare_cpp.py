@@ -90,6 +90,34 @@ double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's
     assert module.mean.__doc__ == 'the "mean" \u2014 of two\\'  # any docstring, escaped into C
 
 
+@needs_cxx
+def test_a_published_stub_is_found_with_its_precompiled_form_under_torchs_own_flags(tmp_path):
+    """The harness precompiles the stub once per flags (compiling/speed.py) and a bare build finds it there: the
+    compile torch's ninja file runs takes the precompiled form (GCC checks it is valid for that compile)."""
+    import shlex
+
+    import torch
+
+    from dice_kernels.harness.compiling.speed import build_pch, pch_file, plan_pch, planned_pch
+
+    plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=(("-O3",),), bare=True)
+    (stub,) = [p for p in plans if p.kind == "bare"]
+    assert build_pch([stub]) == {} and stub.ready  # published beside torch's own, which stays unbuilt
+    built = tmp_path / "build"
+    built.mkdir()
+    module = build_bare_cpp("stub_ext", LAUNCHER, ["fused"], extra_cflags=["-O3"], build_directory=built,
+                            stub_dir=planned_pch(plans, "bare")['["-O3"]'])
+    x, out = torch.randn(4, 8), torch.empty(4, 8)
+    module.fused(x.data_ptr(), out.data_ptr(), 4, 8)
+    assert torch.equal(out, torch.relu(x)) and not (built / "bare_include").exists()
+    ninja = dict(line.split(" = ", 1) for line in (built / "build.ninja").read_text().splitlines() if " = " in line)
+    compile_main = [*shlex.split(ninja["cxx"]), *shlex.split(ninja["cflags"]), "-c", str(built / "main.cpp"),
+                    *shlex.split(ninja.get("post_cflags", "")), "-H", "-Winvalid-pch", "-o", str(tmp_path / "m.o")]
+    done = subprocess.run(compile_main, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"! {pch_file(stub.root)}" in done.stderr
+
+
 def _included_files(header: str, include_dirs: list[str]) -> set[str]:
     done = subprocess.run(["c++", "-M", "-std=c++20", *(f"-I{d}" for d in include_dirs), "-x", "c++", "-"],
                           input=header, capture_output=True, text=True, check=True)
@@ -176,3 +204,6 @@ class ModelNew(nn.Module):
     # one that uses torch's macro falls back to torch's own build, which compiles it
     assert results["torch_macro"].outcome is Outcome.CORRECT, results["torch_macro"].error
     assert results["torch_macro"].build.shortcuts[0]["headers"] == ["bare", "own"]
+    # the batch published the stub's precompiled form before it ended; the next batch's bare builds take it
+    (again,) = evaluate([(task, candidate(LAUNCHER + "// another program", "again"))], config, progress=False)
+    assert again.outcome is Outcome.CORRECT and again.build.shortcuts[0]["pch"] is True

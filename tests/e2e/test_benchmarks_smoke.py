@@ -179,8 +179,9 @@ def test_cpp_build(tmp_path):
     out = _smoke("cpp_build.py", "--out", "cpp.json", cwd=tmp_path)
     doc = _json(tmp_path / "cpp.json")
     assert [(r["solution"], r["mode"], r["matches_reference"]) for r in doc["records"]] == [
-        ("fused_0", "bare", True), ("op_by_op_1", "bare", True)]
-    assert "| bare |" in out and "2 of 2" in out
+        ("fused_0", "bare", True), ("fused_0", "bare+pch", True), ("op_by_op_1", "bare", True),
+        ("op_by_op_1", "bare+pch", True)]
+    assert "| bare+pch |" in out and "2 of 2" in out and "bare / bare+pch (medians)" in out
 
 
 def test_main_header(tmp_path):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
-from dice_kernels.harness.compiling.speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, normalize_cflags,
-                                              pch_file, pch_variants, pch_wait_environment, plan_pch, planned_pch,
-                                              read_pch_wait, reporting_nvcc)
+from dice_kernels.harness.compiling.speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, may_build_bare,
+                                                  normalize_cflags, pch_file, pch_variants, pch_wait_environment,
+                                                  plan_pch, planned_pch, read_pch_wait, reporting_nvcc)
 from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only, lean_aten_headers,
                                                           light_cuda_sources, light_extension_header)
 
@@ -259,7 +259,7 @@ def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
     plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
                      light, nice) for name, light, nice in (("full", None, SPARE_TIME_NICE), ("light", "// light\n", 0))]
     compiler = announce_pch(plans, tmp_path)
-    job = _build_job(light_headers=True, pch=planned_pch(plans), pch_light=planned_pch(plans, light=True),
+    job = _build_job(light_headers=True, pch=planned_pch(plans), pch_light=planned_pch(plans, "light"),
                      pch_compiler=compiler)
     arguments = {"name": "ext", "cpp_sources": "torch::Tensor f(torch::Tensor x);", "cuda_sources": KERNEL}
     lean, own = _build_attempts(job, arguments, tmp_path / "ext_1", BuildLog(), "ext#1")
@@ -380,6 +380,16 @@ def test_with_the_light_header_torchs_own_is_planned_for_spare_time(tmp_path):
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
     assert sorted((p.light is None, p.nice) for p in plans) == [(False, 0), (True, SPARE_TIME_NICE)]
     assert [p.nice for p in plan_pch(tmp_path / "cache", with_cuda=False, variants=((),))] == [0]
+
+
+def test_the_bare_stub_is_planned_beside_torchs_own_without_demoting_it(tmp_path):
+    """The stub serves only sources that name nothing of torch; the rest still wait for torch's own header."""
+    plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), bare=True)
+    assert sorted((p.kind, p.nice) for p in plans) == [("bare", 0), ("own", 0)]
+    assert planned_pch(plans, "bare") == {"[]": str(plans[1].root)} and plans[1].light.startswith("// dice-kernels")
+    launcher = 'load_inline(name="e", cpp_sources="void f(int64_t x) {}", functions=["f"])'
+    assert may_build_bare([launcher]) and not may_build_bare([launcher.replace("int64_t x", "torch::Tensor x")])
+    assert not may_build_bare(["import torch"])  # nothing to build
 
 
 def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):

@@ -182,11 +182,14 @@ def write_stub(include_dir: Path) -> Path:
 
 
 def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
-                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, load=None, **arguments):
+                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, load=None,
+                   stub_dir: str | None = None, **arguments):
     """`load_inline` for what `scalar_functions` accepts: main.cpp is the text torch would write (its header line,
     the sources) with the C API bindings in place of pybind11's, and torch's `load` (`load`: torch's own where the
     harness has patched the module's) builds and imports it (its compiler, flags and link), the stub header found
-    first. Raises what torch raises when it does not build (the build then falls back to torch's own)."""
+    first: at `stub_dir` where the harness has published it there with its precompiled form (compiling/speed.py;
+    the same text), else written into the build directory. Raises what torch raises when it does not build (the
+    build then falls back to torch's own)."""
     if load is None:
         from torch.utils.cpp_extension import load
 
@@ -194,7 +197,8 @@ def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, ex
     if bound is None:
         raise ValueError(f"extension {name!r} is not a bare C++ build (harness/compiling/bare_cpp.py)")
     directory = Path(build_directory)
-    include = write_stub(directory / "bare_include")
+    published = stub_dir is not None and (Path(stub_dir) / "torch" / "extension.h").is_file()
+    include = Path(stub_dir) if published else write_stub(directory / "bare_include")
     texts = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + source_texts(cpp_sources)
     main = directory / "main.cpp"
     main.write_text("\n".join([*texts, bindings(name, bound)]) + "\n")

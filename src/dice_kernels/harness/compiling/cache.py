@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from dice_kernels import __version__
-from dice_kernels.harness.compiling.speed import announce_pch, build_pch, pch_variants, plan_pch, planned_pch
+from dice_kernels.harness.compiling.speed import (announce_pch, build_pch, may_build_bare, pch_variants, plan_pch,
+                                                   planned_pch)
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.timing.platform import Platform
@@ -69,6 +70,7 @@ class BuildAcceleration:
         self.enabled, self.cache_dir, self.cuda = config.build.fast, config.cache_dir, platform.backend == "cuda"
         self.pch: dict[str, str] = {}  # build_speed.planned_pch: headers build workers may use
         self.pch_light: dict[str, str] = {}  # the same for the light header
+        self.pch_bare: dict[str, str] = {}  # and for the bare C++ build's stub
         self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
         self._thread: threading.Thread | None = None
         self._batch_over = threading.Event()
@@ -80,9 +82,11 @@ class BuildAcceleration:
                     and (self.cuda or not cuda_marker(code))]  # CUDA code on the CPU backend is never built
         if not self.enabled or not uncached:
             return
-        # the light header serves the lighter CUDA attempts only, so CUDA builds only
-        plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda)
-        self.pch, self.pch_light = planned_pch(plans), planned_pch(plans, light=True)
+        # the light header serves the lighter CUDA attempts only, so CUDA builds only; the bare stub serves C++-only
+        # modules, which are what the CPU backend builds (on a GPU they are rare: a header nobody uses costs a core)
+        plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda,
+                         bare=not self.cuda and may_build_bare(uncached))
+        self.pch, self.pch_light, self.pch_bare = (planned_pch(plans, kind) for kind in ("own", "light", "bare"))
         self.pch_compiler = announce_pch(plans, self.cache_dir)
         if self.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
             self._batch_over.clear()
@@ -95,7 +99,8 @@ class BuildAcceleration:
             self._thread.start()
 
     def job_fields(self) -> dict:
-        return {"pch": self.pch, "pch_light": self.pch_light, "pch_compiler": self.pch_compiler,
+        return {"pch": self.pch, "pch_light": self.pch_light, "pch_bare": self.pch_bare,
+                "pch_compiler": self.pch_compiler,
                 "light_headers": self.enabled}
 
     def finish(self) -> None:

@@ -182,7 +182,9 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
     if job.light_headers and scalar_functions(arguments):
-        return [_Attempt("bare", {**arguments, "load": torch_load}, out, builder=build_bare_cpp,
+        stub = (job.pch_bare or {}).get(variant)
+        log.shortcuts[-1]["pch"] = bool(stub) and pch_file(Path(stub)).exists()
+        return [_Attempt("bare", {**arguments, "load": torch_load, "stub_dir": stub}, out, builder=build_bare_cpp,
                          conclusive=lambda: bare_failure_is_final(arguments["cpp_sources"])),
                 replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None

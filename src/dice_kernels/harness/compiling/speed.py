@@ -16,7 +16,8 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
   headers and the kernels only, ~1 s instead of ~25.
 - a C++-only module whose sources name nothing of torch and whose bound functions take scalars is built without
   torch's header at all (`bare_cpp.build_bare_cpp`: Python's C API bindings, a stub holding the standard headers
-  torch's includes), ~1 s instead of ~13; any failure falls back to the candidate's own build.
+  torch's includes, precompiled once per flags like torch's header: the standard headers are most of what is
+  left to parse), ~1 s instead of ~13; any failure falls back to the candidate's own build.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_headers.light_cuda_sources` drops that include;
@@ -35,6 +36,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -46,8 +48,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dice_kernels.harness.compiling.bare_cpp import stub_header
 from dice_kernels.harness.compiling.light_headers import light_extension_header
 
+_TORCH_NAMESPACES = re.compile(r"\b(?:torch|at|c10)::")
 # extra_cflags lists a precompiled header is built for; a candidate with other flags compiles without one
 PCH_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
 # the longest a compile waits for a header being built (25-36 s of one core on the H200 machines); after that
@@ -132,8 +136,9 @@ class PchPlan:
     root: Path  # the -I directory: root/torch/extension.h.gch
     command: list[str]  # without its input and output
     header: Path  # torch's own extension.h
-    light: str | None = None  # the light header's text (`light_extension_header`); None: torch's own header
+    light: str | None = None  # the header's text (`light_extension_header`, the bare stub); None: torch's own header
     nice: int = 0  # how much nicer than this process its compiler runs
+    kind: str = "own"  # "own" (torch's header), "light" or "bare" (`bare_cpp.stub_header`)
 
     @property
     def ready(self) -> bool:
@@ -168,15 +173,27 @@ def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
     return tuple(v for v in variants if not v or any(all(f in t for f in v) for t in texts))
 
 
-def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False) -> list[PchPlan]:
+def may_build_bare(codes) -> bool:
+    """Whether some of a batch's code may take the bare C++ build: C++ sources that name none of torch's C++
+    namespaces. A guess read from the text, as `pch_variants` is."""
+    return any("cpp_sources" in c and not _TORCH_NAMESPACES.search(c) for c in codes)
+
+
+def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False,
+             bare: bool = False) -> list[PchPlan]:
     """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out), and
-    with `light`, one more per variant for the light header (torch's own is then built at SPARE_TIME_NICE)."""
+    one more per variant with `light` for the light header (torch's own is then built at SPARE_TIME_NICE: it
+    serves only the fallbacks) and with `bare` for the bare C++ build's stub (which serves only sources that name
+    nothing of torch, so torch's own keeps its priority beside it)."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
-    texts = [None]
+    texts: list[tuple[str, str | None]] = [("own", None)]
     if light and (text := light_extension_header(header.read_text())) is not None:
-        texts.append(text)
+        texts.append(("light", text))
+    spare_own = any(kind == "light" for kind, _ in texts)
+    if bare:
+        texts.append(("bare", stub_header()))
     plans = []
     for variant in variants:
         try:
@@ -186,19 +203,19 @@ def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: boo
             compiler = _compiler_id(cxx)
         except (OSError, subprocess.SubprocessError, ValueError, AttributeError, TypeError):
             continue
-        for text in texts:
+        for kind, text in texts:
             key = hashlib.sha256(json.dumps([command, compiler, torch.__version__, header.stat().st_mtime_ns,
                                              text]).encode()).hexdigest()[:24]
-            nice = SPARE_TIME_NICE if len(texts) > 1 and text is None else 0
-            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header, text, nice))
+            nice = SPARE_TIME_NICE if kind == "own" and spare_own else 0
+            plans.append(PchPlan(variant, cache_dir / "pch" / key, command, header, text, nice, kind))
     return plans
 
 
-def planned_pch(plans: list[PchPlan], light: bool = False) -> dict[str, str]:
-    """{json(extra_cflags): include dir} for every plan of torch's own header (with `light`: of the light one),
-    ready or not: what build workers are given (a compile that finds no precompiled header there parses the
-    header beside it)."""
-    return {json.dumps(list(p.variant)): str(p.root) for p in plans if (p.light is not None) == light}
+def planned_pch(plans: list[PchPlan], kind: str = "own") -> dict[str, str]:
+    """{json(extra_cflags): include dir} for every plan of one header kind ("own": torch's, "light", "bare"), ready
+    or not: what build workers are given (a compile that finds no precompiled header there parses the header
+    beside it; a bare build whose stub is not published yet writes its own)."""
+    return {json.dumps(list(p.variant)): str(p.root) for p in plans if p.kind == kind}
 
 
 def ready_pch(plans: list[PchPlan]) -> dict[str, str]:

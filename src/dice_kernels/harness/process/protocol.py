@@ -21,6 +21,7 @@ class BuildJob:
     # being built the compiler that builds it, and whether CUDA sources try lighter torch headers first
     pch: dict = field(default_factory=dict)
     pch_light: dict = field(default_factory=dict)
+    pch_bare: dict = field(default_factory=dict)  # the bare C++ build's stub header, published with its PCH
     pch_compiler: str | None = None
     light_headers: bool = False
 
