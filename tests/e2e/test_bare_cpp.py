@@ -140,6 +140,14 @@ def test_the_stub_pulls_in_exactly_the_system_files_torchs_extension_header_does
     assert {Path(f).name for f in under_torch} >= set(STANDARD_HEADERS)
 
 
+def test_a_failed_bare_build_reads_the_macro_names_the_harness_stored(tmp_path):
+    stored = tmp_path / "torch-macros.json"
+    stored.write_text('["DICE_TORCH_ONLY_MACRO"]')
+    uses = LAUNCHER + "int64_t n() { return DICE_TORCH_ONLY_MACRO; }"
+    assert not bare_failure_is_final(uses, str(stored))
+    assert bare_failure_is_final(LAUNCHER.replace("po[i] = ", "po[i] = undeclared + "), str(stored))
+
+
 @needs_cxx
 def test_torchs_macros_make_a_bare_failure_inconclusive():
     macros = torch_macro_names()
@@ -207,3 +215,8 @@ class ModelNew(nn.Module):
     # the batch published the stub's precompiled form before it ended; the next batch's bare builds take it
     (again,) = evaluate([(task, candidate(LAUNCHER + "// another program", "again"))], config, progress=False)
     assert again.outcome is Outcome.CORRECT and again.build.shortcuts[0]["pch"] is True
+    # and it stored torch's macro names, which a failed bare build reads instead of asking the preprocessor
+    from dice_kernels.harness.compiling.bare_cpp import read_macro_names
+    from dice_kernels.harness.compiling.speed import torch_macros_file
+
+    assert read_macro_names(str(torch_macros_file(build_cache))) == torch_macro_names()

@@ -5,6 +5,7 @@ final (torch's header could not have mended it)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sysconfig
@@ -235,12 +236,21 @@ def torch_macro_names() -> frozenset[str] | None:
     return None if stub is None or torch is None else frozenset(torch - stub)
 
 
-def bare_failure_is_final(cpp_sources) -> bool:
+def read_macro_names(path: str | None) -> frozenset[str] | None:
+    """`torch_macro_names` as the harness stored them (compiling/speed.py's `store_torch_macros`), or None."""
+    try:
+        return frozenset(json.loads(Path(path).read_text())) if path else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def bare_failure_is_final(cpp_sources, stored_macros: str | None = None) -> bool:
     """Whether a bare C++ build that failed to compile would fail under torch's header too, so that torch's own build
     need not run: the stub declares everything the standard and system headers under torch's declare, and the
     sources (which name nothing of torch's namespaces) use none of torch's macros and none of its global names.
-    False when torch's macro names cannot be read."""
-    macros = torch_macro_names()
+    torch's macro names come from `stored_macros` where the harness has stored them, else from the preprocessor.
+    False when they cannot be read."""
+    macros = read_macro_names(stored_macros) or torch_macro_names()
     if macros is None:
         return False
     code = "\n".join(strip_comments(t) for t in source_texts(cpp_sources))

@@ -20,7 +20,7 @@ import torch
 
 from dice_kernels import __version__
 from dice_kernels.harness.compiling.speed import (announce_pch, build_pch, may_build_bare, pch_variants, plan_pch,
-                                                   planned_pch)
+                                                   planned_pch, store_torch_macros, torch_macros_file)
 from dice_kernels.harness.config import EvalConfig
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.timing.platform import Platform
@@ -71,6 +71,7 @@ class BuildAcceleration:
         self.pch: dict[str, str] = {}  # build_speed.planned_pch: headers build workers may use
         self.pch_light: dict[str, str] = {}  # the same for the light header
         self.pch_bare: dict[str, str] = {}  # and for the bare C++ build's stub
+        self.torch_macros: str | None = None  # build_speed.torch_macros_file, where bare builds may run
         self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
         self._thread: threading.Thread | None = None
         self._batch_over = threading.Event()
@@ -84,14 +85,21 @@ class BuildAcceleration:
             return
         # the light header serves the lighter CUDA attempts only, so CUDA builds only; the bare stub serves C++-only
         # modules, which are what the CPU backend builds (on a GPU they are rare: a header nobody uses costs a core)
+        bare = not self.cuda and may_build_bare(uncached)
         plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda,
-                         bare=not self.cuda and may_build_bare(uncached))
+                         bare=bare)
         self.pch, self.pch_light, self.pch_bare = (planned_pch(plans, kind) for kind in ("own", "light", "bare"))
         self.pch_compiler = announce_pch(plans, self.cache_dir)
-        if self.pch_compiler:  # once per machine and torch; builds that start earlier wait for it in main.cpp only
+        macros = torch_macros_file(self.cache_dir) if bare else None
+        self.torch_macros = str(macros) if macros else None
+        # once per machine and torch; builds that start earlier wait for a header in main.cpp only, and read
+        # torch's macros themselves
+        if self.pch_compiler or (macros and not macros.exists()):
             self._batch_over.clear()
 
             def _build() -> None:
+                if macros:
+                    store_torch_macros(macros)
                 build_pch(plans, abandon=self._batch_over)
                 self.pch_compiler = None
 
@@ -100,7 +108,7 @@ class BuildAcceleration:
 
     def job_fields(self) -> dict:
         return {"pch": self.pch, "pch_light": self.pch_light, "pch_bare": self.pch_bare,
-                "pch_compiler": self.pch_compiler,
+                "pch_compiler": self.pch_compiler, "torch_macros": self.torch_macros,
                 "light_headers": self.enabled}
 
     def finish(self) -> None:

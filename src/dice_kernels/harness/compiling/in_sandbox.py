@@ -185,7 +185,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
         stub = (job.pch_bare or {}).get(variant)
         log.shortcuts[-1]["pch"] = bool(stub) and pch_file(Path(stub)).exists()
         return [_Attempt("bare", {**arguments, "load": torch_load, "stub_dir": stub}, out, builder=build_bare_cpp,
-                         conclusive=lambda: bare_failure_is_final(arguments["cpp_sources"])),
+                         conclusive=lambda: bare_failure_is_final(arguments["cpp_sources"], job.torch_macros)),
                 replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
     lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))

@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dice_kernels.harness.compiling.bare_cpp import stub_header
+from dice_kernels.harness.compiling.bare_cpp import stub_header, torch_macro_names
 from dice_kernels.harness.compiling.light_headers import light_extension_header
 
 _TORCH_NAMESPACES = re.compile(r"\b(?:torch|at|c10)::")
@@ -327,6 +327,29 @@ def _run_unless_abandoned(command: list[str], abandon: threading.Event | None, t
     if returncode:
         raise subprocess.CalledProcessError(returncode, command)
     return True
+
+
+def torch_macros_file(cache_dir: Path) -> Path:
+    """Where the parent stores `bare_cpp.torch_macro_names` for this torch and compiler (`store_torch_macros`): a
+    bare build that fails asks whether torch's header could have mended it, and reading the names through the
+    preprocessor costs each build worker ~2 s of a core."""
+    import torch
+    import torch.utils.cpp_extension as cpp
+
+    header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
+    key = hashlib.sha256(json.dumps([torch.__version__, header.stat().st_mtime_ns,
+                                     _compiler_id(cpp.get_cxx_compiler())]).encode()).hexdigest()[:24]
+    return cache_dir / "pch" / f"torch-macros-{key}.json"
+
+
+def store_torch_macros(path: Path) -> None:
+    """Write torch's macro names to `path` once (workers read it, never write it); nothing when they cannot be read."""
+    if path.exists() or (names := torch_macro_names()) is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(json.dumps(sorted(names)))
+    os.replace(staging, path)
 
 
 def _compiler_id(cxx: str) -> str:
