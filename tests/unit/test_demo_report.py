@@ -8,8 +8,8 @@ import sqlite3
 from pathlib import Path
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import (changed_outputs, rl_effort, scale_limits, timing_spread, train_reward_trend,
-                                      train_rewards)
+from dice_kernels.demo.report import (changed_outputs, outcome_counts, rl_effort, scale_limits, timing_spread,
+                                      train_reward_trend, train_rewards)
 
 
 def _rewards(run: Path, rows: list[tuple[int, int, str, float]]) -> Path:
@@ -105,6 +105,10 @@ def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
     sft = _results(tmp_path / "sft", {"a": "1", "b": "2", "c": "3"})
     rl = _results(tmp_path / "rl", {"a": "1", "b": "9", "d": "4"})
     assert changed_outputs(rl, sft) == (1, 2)  # b changed; a the same; c and d not run by both
+    (rl / "results.jsonl").write_text("".join(json.dumps({"task_id": t, "outcome": o}) + "\n" for t, o in
+                                              (("a", "compile_error"), ("b", "correct"), ("d", "compile_error"))))
+    assert list(outcome_counts(rl).items()) == [("compile_error", 2), ("correct", 1)]  # most frequent first
+    assert outcome_counts(tmp_path / "missing") == {}
     cfg = DemoConfig(out=Path("x"), rl=RLSection(rows_per_update=256))
     limits = " | ".join(scale_limits(cfg, {"bicrl_robust": {"rl": effort}}))
     assert "1 optimizer update(s) in 2 RL steps" in limits and "clip and KL never act" in limits

@@ -175,21 +175,21 @@ class DemoConfig:
 
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
-    train reward per RL step on 4 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
+    train reward per RL step on 8 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
     build cache. gpu: all five arms on 128 held-out tasks with CUDA kernels, RL on its own split, rl.lr chosen on
     the validation split, a held-out learning curve; over 1,500 s of stages on an H200 (estimated from a run at
     f7efcce cut after its first RL steps)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
-        # the world's C++ kernels build without torch's header (~1.6 s instead of ~13.5: compiling/bare_cpp.py),
-        # and a rollout that does not compile is decided by that build too (~4 s to evaluate): 8 steps of 32
-        # rollouts are what is left of 20 minutes after SFT. Every step draws the same 4 RL tasks
-        # (new instances SFT never saw), with the AdamW state kept and one update a step: the setting in which the
-        # learning probe's RL raised its train reward (docs/demo.md); the SFT model this budget holds guesses the
-        # operator, so held-out gains are not expected here
+        # the world's C++ kernels build without torch's header, against a precompiled stub (~0.4 s of a core:
+        # compiling/bare_cpp.py), and a rollout that does not compile is decided by that build too (~0.7 s to
+        # evaluate): a step of 32 rollouts is ~16 s, and 24 of them are what is left of 20 minutes after SFT. Every
+        # step draws the same 8 RL tasks (new instances SFT never saw), with the AdamW state kept and one update a
+        # step: the learning probe (template reward, 24 steps of 8 fixed tasks x 4) raised the train reward at
+        # 1e-4 and 3e-4, and its validation split preferred 1e-4 (docs/demo.md); 8 steps were too few to show it
         return dataclasses.replace(
-            cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=4),
-            rl=RLSection(infill_steps=0, e2e_steps=8, tasks_per_step=4, group=8, rows_per_update=0,
+            cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=8),
+            rl=RLSection(infill_steps=0, e2e_steps=24, tasks_per_step=8, group=4, rows_per_update=0,
                          reset_optimizer=False))
     return dataclasses.replace(
         cfg, backend="cuda",

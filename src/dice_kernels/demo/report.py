@@ -9,6 +9,7 @@ import dataclasses
 import json
 import sqlite3
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from dice_kernels.demo.config import ARMS, DemoConfig
@@ -116,6 +117,15 @@ def changed_outputs(run: Path, baseline: Path) -> tuple[int, int] | None:
     return sum(a[t] != b[t] for t in shared), len(shared)
 
 
+def outcome_counts(run: Path) -> dict[str, int]:
+    """{outcome: samples} of one bench run, most frequent first (empty before it has results): which failures an
+    arm's Exec difference moved."""
+    path = run / "results.jsonl"
+    if not path.is_file():
+        return {}
+    return dict(Counter(json.loads(line)["outcome"] for line in path.read_text().splitlines()).most_common())
+
+
 def timing_spread(runs: list[Path]) -> dict | None:
     """How far the same kernel's time moved between bench runs: per candidate (by source hash) correct in two or
     more runs, its largest over its smallest measured time; the median of that and the share above 2x (None when
@@ -146,6 +156,7 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
         scores = bench_scores(bench / split)
         if scores is not None:
             row[split] = {"n": len(scores["exec"]), **{m: _iv(rate_interval(s)) for m, s in scores.items() if s}}
+    row["heldout_outcomes"] = outcome_counts(bench / "heldout")
     curve = [(0, bench_scores(bench.parent / "sft" / "heldout"))] if arm != "sft" else []
     for run in sorted(bench.glob("heldout-step-*")):
         curve.append((int(run.name.rsplit("-", 1)[1]), bench_scores(run)))
@@ -203,8 +214,9 @@ def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: d
     if copy and copy["samples"] and copy["right"] < GUESSING_BELOW * copy["samples"]:
         limits.append(f"the SFT model guesses the operator: it writes the task's first operator line right in "
                       f"{copy['right']} of {copy['samples']} of its own training samples (teacher-forced), so RL can "
-                      "re-weight its guesses but not teach it to read the prompt, and held-out gains from RL are not "
-                      "expected (a longer SFT is the setting to change: docs/demo.md)")
+                      "re-weight its guesses but not teach it to read the prompt: a held-out gain here is the rest of "
+                      "the program written better (the held-out outcomes say which failures moved), not the task read "
+                      "(a longer SFT is the setting to change: docs/demo.md)")
     if spread and spread["median_ratio"] > 1.5:
         limits.append(f"fast_1 is not comparable between arms: the same kernel, timed in several benchmark runs, "
                       f"moved {spread['median_ratio']:.1f}x from its fastest to its slowest time (median over "
@@ -300,6 +312,13 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
               "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
     for c in cmps:
         lines.append(f"| {c.a} | {c.b} | {c.n} | {_points(dataclasses.asdict(c.diff))} | {c.verdict} |")
+    outcomes = {a: row["heldout_outcomes"] for a, row in rows.items() if row.get("heldout_outcomes")}
+    if outcomes:
+        kinds = list(dict.fromkeys(k for counts in outcomes.values() for k in counts))
+        lines += ["", "## Held-out outcomes (samples)", "", "| arm | " + " | ".join(kinds) + " |",
+                  "|---|" + "---|" * len(kinds)]
+        for a, counts in outcomes.items():
+            lines.append(f"| {rows[a]['title']} | " + " | ".join(str(counts.get(k, 0)) for k in kinds) + " |")
     trends = {a: row["train_trend"] for a, row in rows.items() if "train_trend" in row}
     if trends:
         lines += ["", "## Train reward: the last third of the RL steps against the first (A − B in points, paired "

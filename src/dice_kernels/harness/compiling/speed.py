@@ -173,25 +173,25 @@ def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
     return tuple(v for v in variants if not v or any(all(f in t for f in v) for t in texts))
 
 
-def may_build_bare(codes) -> bool:
-    """Whether some of a batch's code may take the bare C++ build: C++ sources that name none of torch's C++
-    namespaces. A guess read from the text, as `pch_variants` is."""
-    return any("cpp_sources" in c and not _TORCH_NAMESPACES.search(c) for c in codes)
+def may_build_bare(code: str) -> bool:
+    """Whether a program may take the bare C++ build: C++ sources that name none of torch's C++ namespaces. A guess
+    read from the text, as `pch_variants` is."""
+    return "cpp_sources" in code and not _TORCH_NAMESPACES.search(code)
 
 
-def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False,
-             bare: bool = False) -> list[PchPlan]:
+def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False, bare: bool = False,
+             only_bare: bool = False) -> list[PchPlan]:
     """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out), and
-    one more per variant with `light` for the light header (torch's own is then built at SPARE_TIME_NICE: it
-    serves only the fallbacks) and with `bare` for the bare C++ build's stub (which serves only sources that name
-    nothing of torch, so torch's own keeps its priority beside it)."""
+    one more per variant with `light` for the light header and with `bare` for the bare C++ build's stub. Where the
+    light header serves the first attempts, or every program may build bare (`only_bare`), torch's own serves only
+    fallbacks: it is built at SPARE_TIME_NICE."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
     texts: list[tuple[str, str | None]] = [("own", None)]
     if light and (text := light_extension_header(header.read_text())) is not None:
         texts.append(("light", text))
-    spare_own = any(kind == "light" for kind, _ in texts)
+    spare_own = only_bare or any(kind == "light" for kind, _ in texts)
     if bare:
         texts.append(("bare", stub_header()))
     plans = []
