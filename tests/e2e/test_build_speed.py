@@ -390,9 +390,6 @@ def test_the_bare_stub_is_planned_beside_torchs_own_without_demoting_it(tmp_path
     launcher = 'load_inline(name="e", cpp_sources="void f(int64_t x) {}", functions=["f"])'
     assert may_build_bare(launcher) and not may_build_bare(launcher.replace("int64_t x", "torch::Tensor x"))
     assert not may_build_bare("import torch")  # nothing to build
-    # a batch whose every program may build bare needs torch's own header only for fallbacks: it waits for idle cores
-    plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), bare=True, only_bare=True)
-    assert sorted((p.kind, p.nice) for p in plans) == [("bare", 0), ("own", SPARE_TIME_NICE)]
 
 
 def test_the_waiting_compiler_passes_other_calls_straight_through(tmp_path):

@@ -84,14 +84,13 @@ class BuildAcceleration:
         if not self.enabled or not uncached:
             return
         # the light header serves the lighter CUDA attempts only, so CUDA builds only; the bare stub serves C++-only
-        # modules, which are what the CPU backend builds (on a GPU they are rare: a header nobody uses costs a core);
-        # where every program may build bare (the demo world's), torch's own header waits for idle cores
-        bare = [not self.cuda and may_build_bare(code) for code in uncached]
+        # modules, which are what the CPU backend builds (on a GPU they are rare: a header nobody uses costs a core)
+        bare = not self.cuda and any(may_build_bare(code) for code in uncached)
         plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda,
-                         bare=any(bare), only_bare=all(bare))
+                         bare=bare)
         self.pch, self.pch_light, self.pch_bare = (planned_pch(plans, kind) for kind in ("own", "light", "bare"))
         self.pch_compiler = announce_pch(plans, self.cache_dir)
-        macros = torch_macros_file(self.cache_dir) if any(bare) else None
+        macros = torch_macros_file(self.cache_dir) if bare else None
         self.torch_macros = str(macros) if macros else None
         # once per machine and torch; builds that start earlier wait for a header in main.cpp only, and read
         # torch's macros themselves

@@ -179,19 +179,20 @@ def may_build_bare(code: str) -> bool:
     return "cpp_sources" in code and not _TORCH_NAMESPACES.search(code)
 
 
-def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False, bare: bool = False,
-             only_bare: bool = False) -> list[PchPlan]:
+def plan_pch(cache_dir: Path, with_cuda: bool, variants=PCH_VARIANTS, light: bool = False,
+             bare: bool = False) -> list[PchPlan]:
     """One plan per variant torch's flags can be read for (a variant whose flags cannot be read is left out), and
-    one more per variant with `light` for the light header and with `bare` for the bare C++ build's stub. Where the
-    light header serves the first attempts, or every program may build bare (`only_bare`), torch's own serves only
-    fallbacks: it is built at SPARE_TIME_NICE."""
+    one more per variant with `light` for the light header (torch's own is then built at SPARE_TIME_NICE: it serves
+    only the fallbacks) and with `bare` for the bare C++ build's stub. Beside the stub torch's own keeps its
+    priority: built in spare time, it was abandoned at the end of every short batch (an RL step's) and built at
+    last, waited for, by the first batch with a program that names torch."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "extension.h"
     texts: list[tuple[str, str | None]] = [("own", None)]
     if light and (text := light_extension_header(header.read_text())) is not None:
         texts.append(("light", text))
-    spare_own = only_bare or any(kind == "light" for kind, _ in texts)
+    spare_own = any(kind == "light" for kind, _ in texts)
     if bare:
         texts.append(("bare", stub_header()))
     plans = []
