@@ -183,13 +183,14 @@ def preset(scale: str, out: Path) -> DemoConfig:
     if scale == "cpu":
         # the world's C++ kernels build without torch's header, against a precompiled stub (~0.4 s of a core:
         # compiling/bare_cpp.py), and a rollout that does not compile is decided by that build too (~0.7 s to
-        # evaluate): a step of 32 rollouts is ~16 s, and 24 of them are what is left of 20 minutes after SFT. Every
-        # step draws the same 8 RL tasks (new instances SFT never saw), with the AdamW state kept and one update a
-        # step: the learning probe (template reward, 24 steps of 8 fixed tasks x 4) raised the train reward at
-        # 1e-4 and 3e-4, and its validation split preferred 1e-4 (docs/demo.md); 8 steps were too few to show it
+        # evaluate): a step of 32 rollouts is 9-16 s, and 20 of them are what is left of 20 minutes after SFT (24
+        # took 20.5 min on a slow day). Every step draws the same 8 RL tasks (new instances SFT never saw), with
+        # the AdamW state kept and one update a step: the learning probe (template reward, 24 steps of 8 fixed
+        # tasks x 4) raised the train reward at 1e-4 and 3e-4, and its validation split preferred 1e-4
+        # (docs/demo.md); 8 steps were too few to show it
         return dataclasses.replace(
             cfg, arms=("sft", "e2e_robust"), world=WorldSection(n_rl=8),
-            rl=RLSection(infill_steps=0, e2e_steps=24, tasks_per_step=8, group=4, rows_per_update=0,
+            rl=RLSection(infill_steps=0, e2e_steps=20, tasks_per_step=8, group=4, rows_per_update=0,
                          reset_optimizer=False))
     return dataclasses.replace(
         cfg, backend="cuda",
