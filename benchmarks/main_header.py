@@ -74,7 +74,7 @@ def main() -> None:
             sys.exit("torch's flags or its torch/extension.h could not be read: no headers to compare")
         headers = {}
         for plan in plans:  # one at a time, alone: the build time of each
-            name = "light" if plan.light is not None else "full"
+            name = "light" if plan.kind == "light" else "full"
             headers[name] = {"build_s": None, "ok": False, "size_mb": None, "command": plan.unit_command()}
             if args.smoke:
                 continue

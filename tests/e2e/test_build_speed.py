@@ -378,7 +378,7 @@ def test_a_spare_time_header_is_abandoned_with_its_compiler_when_the_batch_is_ov
 
 def test_with_the_light_header_torchs_own_is_planned_for_spare_time(tmp_path):
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
-    assert sorted((p.light is None, p.nice) for p in plans) == [(False, 0), (True, SPARE_TIME_NICE)]
+    assert sorted((p.text is None, p.nice) for p in plans) == [(False, 0), (True, SPARE_TIME_NICE)]
     assert [p.nice for p in plan_pch(tmp_path / "cache", with_cuda=False, variants=((),))] == [0]
 
 
@@ -386,7 +386,7 @@ def test_the_bare_stub_is_planned_beside_torchs_own_without_demoting_it(tmp_path
     """The stub serves only sources that name nothing of torch; the rest still wait for torch's own header."""
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), bare=True)
     assert sorted((p.kind, p.nice) for p in plans) == [("bare", 0), ("own", 0)]
-    assert planned_pch(plans, "bare") == {"[]": str(plans[1].root)} and plans[1].light.startswith("// dice-kernels")
+    assert planned_pch(plans, "bare") == {"[]": str(plans[1].root)} and plans[1].text.startswith("// dice-kernels")
     launcher = 'load_inline(name="e", cpp_sources="void f(int64_t x) {}", functions=["f"])'
     assert may_build_bare(launcher) and not may_build_bare(launcher.replace("int64_t x", "torch::Tensor x"))
     assert not may_build_bare("import torch")  # nothing to build
@@ -496,7 +496,7 @@ def test_bindings_built_against_the_light_precompiled_header_work(tmp_path):
     from torch.utils.cpp_extension import load
 
     plans = plan_pch(tmp_path / "cache", with_cuda=False, variants=((),), light=True)
-    (light,) = [p for p in plans if p.light is not None]
+    (light,) = [p for p in plans if p.text is not None]
     assert len(plans) == 2 and build_pch([light]) == {} and light.ready  # its own header, beside torch's
     # main.cpp as load_inline writes it, for cpp_sources that declare what the other unit defines
     main = tmp_path / "main.cpp"

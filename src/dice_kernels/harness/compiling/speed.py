@@ -136,7 +136,7 @@ class PchPlan:
     root: Path  # the -I directory: root/torch/extension.h.gch
     command: list[str]  # without its input and output
     header: Path  # torch's own extension.h
-    light: str | None = None  # the header's text (`light_extension_header`, the bare stub); None: torch's own header
+    text: str | None = None  # the header's text (`light_extension_header`, the bare stub); None: torch's own header
     nice: int = 0  # how much nicer than this process its compiler runs
     kind: str = "own"  # "own" (torch's header), "light" or "bare" (`bare_cpp.stub_header`)
 
@@ -367,11 +367,11 @@ def _build_pch(plan: PchPlan, abandon: threading.Event | None = None) -> None:
         # GCC looks for the .gch beside where it finds the header; a second `#include <torch/extension.h>` in the
         # same unit (common in cpp_sources) must then find the header itself here too
         source = staging / "torch" / "extension.h"
-        if plan.light is None:
+        if plan.text is None:
             source.symlink_to(plan.header)
         else:
-            source.write_text(plan.light)
-        command = [*plan.command, str(plan.header if plan.light is None else source)]
+            source.write_text(plan.text)
+        command = [*plan.command, str(plan.header if plan.text is None else source)]
         niced = ["nice", "-n", str(plan.nice)] if plan.nice else []  # the compiler the driver starts inherits it
         if not _run_unless_abandoned([*niced, *command, "-o", str(pch_file(staging))], abandon, timeout_s=900):
             return
