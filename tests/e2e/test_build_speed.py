@@ -257,7 +257,8 @@ def test_each_attempt_waits_for_its_own_header(tmp_path, monkeypatch):
 
     # as plan_pch plans them for CUDA: the light header for first attempts, torch's own in spare time
     plans = [PchPlan((), _header_dir(tmp_path / "pch" / name, ready=False), ["false"], tmp_path / "extension.h",
-                     light, nice) for name, light, nice in (("full", None, SPARE_TIME_NICE), ("light", "// light\n", 0))]
+                     text, nice, kind)
+             for name, text, nice, kind in (("full", None, SPARE_TIME_NICE, "own"), ("light", "// light\n", 0, "light"))]
     compiler = announce_pch(plans, tmp_path)
     job = _build_job(light_headers=True, pch=planned_pch(plans), pch_light=planned_pch(plans, "light"),
                      pch_compiler=compiler)
