@@ -72,12 +72,11 @@ def precompiled_headers(cache: Path, modes: list[str]) -> dict[str, str]:
     CFLAGS, those the modes use (built here if absent)."""
     from dice_kernels.harness.compiling.speed import build_pch, normalize_cflags, plan_pch, planned_pch
 
-    variant = json.dumps(list(normalize_cflags(CFLAGS)))
+    flags = tuple(normalize_cflags(CFLAGS))
     kinds = [kind for kind in ("own", "bare") if f"{kind}+pch" in modes]
-    plans = [p for p in plan_pch(cache, with_cuda=False, variants=(tuple(normalize_cflags(CFLAGS)),), bare=True)
-             if p.kind in kinds]
+    plans = [p for p in plan_pch(cache, with_cuda=False, variants=(flags,), bare=True) if p.kind in kinds]
     build_pch(plans)
-    return {kind: planned_pch(plans, kind)[variant] for kind in kinds}
+    return {kind: planned_pch(plans, kind)[json.dumps(list(flags))] for kind in kinds}
 
 
 def build(mode: str, name: str, source: str, directory: Path, headers: dict[str, str]):

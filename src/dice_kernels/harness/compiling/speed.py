@@ -46,6 +46,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from dice_kernels.harness.compiling.bare_cpp import stub_header, torch_macro_names
@@ -353,6 +354,7 @@ def store_torch_macros(path: Path) -> None:
     os.replace(staging, path)
 
 
+@cache  # a batch asks once per header variant and again for torch's macro names: one `--version` a process
 def _compiler_id(cxx: str) -> str:
     out = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True, text=True, timeout=60)
     return out.stdout.splitlines()[0] if out.stdout else cxx
