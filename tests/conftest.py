@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> Path:
-    """One build cache for the whole session, so each distinct extension compiles once."""
+    """One build cache for the whole session, so each distinct extension compiles once. Under pytest-xdist (the
+    README's `-n 2`) the workers share it, as a trainer's reward service and a `dice eval` run share one: the cache
+    is safe across processes, and a second worker finds the extensions the first built."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "build-cache"  # the run's folder above each worker's
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("build-cache")
 
 
