@@ -116,6 +116,25 @@ def test_robust_check_false_positives_resumes(tmp_path, build_cache):
     assert "0 to evaluate" in again and _json(tmp_path / "fp.json")["rows"] == first["rows"]
 
 
+def test_demo_seeds(tmp_path):
+    """Two whole demo runs (seeds 0 and 1), each arm against SFT per seed and over both; a second call only reads."""
+    out = _smoke("demo_seeds.py", "--out", str(tmp_path / "s"), cwd=tmp_path)
+    doc = _json(tmp_path / "s" / "seeds.json")
+    assert [(r["seed"], r["arm"]) for r in doc["per_seed"]] == [(0, "e2e_robust"), (1, "e2e_robust")]
+    worlds = [(tmp_path / "s" / f"seed-{s}" / "world" / "heldout_tasks.jsonl").read_text() for s in (0, 1)]
+    assert worlds[0] != worlds[1]  # each seed its own world
+    (pooled,) = doc["over_seeds"]
+    assert pooled["seeds"] == [0, 1] and pooled["heldout"]["n"] == 6  # 3 held-out tasks a seed
+    assert pooled["heldout"]["lo"] <= pooled["heldout"]["value"] <= pooled["heldout"]["hi"]
+    assert "| all (2) | e2e_robust |" in out
+    sft = tmp_path / "s" / "seed-1" / "sft" / "final" / "config.json"
+    mtime = sft.stat().st_mtime
+    _smoke("demo_seeds.py", "--out", str(tmp_path / "s"), cwd=tmp_path)
+    assert sft.stat().st_mtime == mtime and _json(tmp_path / "s" / "seeds.json")["per_seed"] == doc["per_seed"]
+    with pytest.raises(AssertionError, match="the seeds are --seeds"):
+        _smoke("demo_seeds.py", "--out", str(tmp_path / "x"), "--set", "world.seed=3", cwd=tmp_path)
+
+
 def test_rl_learning_probe(tmp_path):
     """The template reward pays the template whatever its indentation and comments, nothing else; the probe runs
     end to end."""

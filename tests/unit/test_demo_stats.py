@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dice_kernels.demo.stats import Interval, paired_difference, rate_interval, wilson
+from dice_kernels.demo.stats import Interval, paired_difference, rate_interval, runs_difference, wilson
 
 
 def test_wilson_matches_known_values_and_stays_in_0_1():
@@ -62,3 +62,35 @@ def test_paired_difference_of_noise_claims_nothing_and_uses_shared_tasks_only():
 
 def test_interval_excludes_zero():
     assert Interval(0.1, 0.01, 0.2).excludes_zero() and not Interval(0.1, -0.01, 0.2).excludes_zero()
+
+
+def _run(n: int, a_passes: set[int], b_passes: set[int]) -> tuple[dict, dict]:
+    return ({f"t{i}": [float(i in a_passes)] for i in range(n)}, {f"t{i}": [float(i in b_passes)] for i in range(n)})
+
+
+def test_runs_difference_carries_the_spread_between_runs():
+    # two runs that disagree (A gains 12 of 20 tasks in one, loses 12 in the other): pooling the 40 tasks as one set
+    # would give 0 with a narrow interval; the runs' spread makes it wide
+    gain, loss = _run(20, set(range(12)), set()), _run(20, set(), set(range(12)))
+    pooled = paired_difference({**{f"g{k}": v for k, v in gain[0].items()}, **{f"l{k}": v for k, v in loss[0].items()}},
+                               {**{f"g{k}": v for k, v in gain[1].items()}, **{f"l{k}": v for k, v in loss[1].items()}})
+    across = runs_difference([gain, loss])
+    assert across.diff.value == pytest.approx(0.0) and pooled.diff.value == pytest.approx(0.0)
+    assert across.n == 40
+    assert across.diff.lo < -0.45 and across.diff.hi > 0.45  # one draw of runs is both "gain" runs, another both "loss"
+    assert pooled.diff.hi - pooled.diff.lo < 0.6 < across.diff.hi - across.diff.lo
+
+
+def test_runs_difference_of_runs_that_agree_excludes_zero_and_weighs_runs_alike():
+    runs = [_run(10, set(range(4)), set()), _run(30, set(range(6)), set())]  # +0.4 and +0.2
+    cmp = runs_difference(runs, ("rl", "sft"))
+    assert cmp.diff.value == pytest.approx(0.3)  # the runs' mean, not the tasks' (10/40 = 0.25)
+    assert cmp.diff.excludes_zero() and cmp.verdict == "rl beats sft"
+    assert runs_difference(runs, seed=3) == runs_difference(runs, seed=3)
+
+
+def test_runs_difference_refuses_a_run_without_shared_tasks():
+    with pytest.raises(ValueError, match="run 1: A and B share no task"):
+        runs_difference([_run(3, {0}, set()), ({"x": [1.0]}, {"y": [0.0]})])
+    with pytest.raises(ValueError, match="at least one run"):
+        runs_difference([])

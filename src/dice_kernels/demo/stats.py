@@ -94,3 +94,27 @@ def paired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"),
     diffs = _task_means(a, shared) - _task_means(b, shared)
     return Comparison(names[0], names[1], len(shared), _bootstrap(diffs, n_boot, seed))
 
+
+
+def runs_difference(runs: list[tuple[Scores, Scores]], names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
+                    seed: int = 0) -> Comparison:
+    """a − b over independent runs of an experiment (each its own world, tasks and training: one seed), from each
+    run's paired task differences. Every run weighs alike (the value is the mean of the runs' mean differences), and
+    the bootstrap draws runs with replacement, then tasks within each drawn run: the interval carries the spread
+    between training runs as well as the sampling of tasks, which pooling every task as one set would hide."""
+    if not runs:
+        raise ValueError("runs_difference needs at least one run")
+    diffs = []
+    for k, (a, b) in enumerate(runs):
+        shared = sorted(set(a) & set(b))
+        if not shared:
+            raise ValueError(f"run {k}: {names[0]} and {names[1]} share no task to compare on")
+        diffs.append(_task_means(a, shared) - _task_means(b, shared))
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    for i in range(n_boot):
+        drawn = (diffs[r] for r in rng.integers(0, len(diffs), size=len(diffs)))
+        means[i] = np.mean([d[rng.integers(0, len(d), size=len(d))].mean() for d in drawn])
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    value = float(np.mean([d.mean() for d in diffs]))
+    return Comparison(names[0], names[1], sum(len(d) for d in diffs), Interval(value, float(lo), float(hi)))
