@@ -41,7 +41,8 @@ def seed_row(cfg, arm: str) -> dict:
 
     sft, rl = (bench_scores(cfg.out / "bench" / a / "heldout") for a in ("sft", arm))
     if sft is None or rl is None:
-        raise SystemExit(f"{cfg.out}: the held-out benchmark of sft or {arm} has not finished; run again to resume")
+        raise SystemExit(f"{cfg.out}: no finished held-out benchmark of sft or {arm} (its report.md says which stage "
+                         "did not run)")
     trend = train_reward_trend(cfg.rl_dir(arm), cfg.rl.group, seed=cfg.world.seed)
     return {"seed": cfg.world.seed, "arm": arm, "sft": dataclasses.asdict(rate_interval(sft["exec"])),
             "rl": dataclasses.asdict(rate_interval(rl["exec"])),
