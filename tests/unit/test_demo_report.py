@@ -76,6 +76,7 @@ def test_a_small_cpu_run_states_what_it_cannot_show():
     assert "24 held-out tasks" in limits and "+-20 points" in limits
     assert "e2e_dice" in limits and "bicrl_robust" in limits  # the arms not run
     assert "speed signal" in limits and "no held-out learning curve" in limits and "n_novel" in limits
+    assert "one run (world.seed = 0)" in limits and "demo_seeds.py" in limits  # one seed is a point
 
 
 def test_an_sft_model_that_guesses_the_operator_is_named_as_the_ceiling_of_rl():

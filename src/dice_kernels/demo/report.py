@@ -251,6 +251,10 @@ def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: d
         limits.append("fast_1 here compares C++ loops with eager PyTorch on small CPU tensors (one thread each): "
                       "how far op-by-op C++ trails the fused loop there is not measured, so the speed signal (the "
                       "e2e_speed arm) belongs to the gpu scale, where op-by-op means one kernel launch per op")
+    limits.append(f"one run (world.seed = {cfg.world.seed}): its intervals cover the sampling of its tasks, not the "
+                  "spread between training runs, and another seed is another world, SFT model and RL run; at the cpu "
+                  "scale the held-out difference moved between seeds by more than these intervals suggest "
+                  "(docs/demo.md): benchmarks/demo_seeds.py runs several seeds and compares the arms over them")
     if cfg.world.n_heldout < 100:
         limits.append(f"{cfg.world.n_heldout} held-out tasks: a 95 % interval of Exec is about +-"
                       f"{100 * 1.96 * (0.25 / max(cfg.world.n_heldout, 1)) ** 0.5:.0f} points at 50 %, so only "
