@@ -116,8 +116,9 @@ def test_robust_check_false_positives_resumes(tmp_path, build_cache):
     assert "0 to evaluate" in again and _json(tmp_path / "fp.json")["rows"] == first["rows"]
 
 
-def test_demo_seeds(tmp_path):
+def test_demo_seeds(tmp_path, build_cache, monkeypatch):
     """Two whole demo runs (seeds 0 and 1), each arm against SFT per seed and over both; a second call only reads."""
+    monkeypatch.setenv("DICE_CACHE_DIR", str(build_cache))  # the runs' builds go to the session's cache
     out = _smoke("demo_seeds.py", "--out", str(tmp_path / "s"), cwd=tmp_path)
     doc = _json(tmp_path / "s" / "seeds.json")
     assert [(r["seed"], r["arm"]) for r in doc["per_seed"]] == [(0, "e2e_robust"), (1, "e2e_robust")]

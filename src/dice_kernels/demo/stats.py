@@ -3,7 +3,7 @@
 Scores are grouped by task (`{task_id: [score of sample 1, ...]}`, each score 0/1 or a reward); a task's k samples
 are not independent, so every bootstrap resamples tasks (clusters), never samples. Two arms are compared on the
 tasks both scored, task by task (a paired bootstrap), and one is said to beat the other only when the 95 % interval
-of the difference excludes 0.
+of the difference excludes 0. Over several independent runs (seeds), runs are resampled too (`runs_difference`).
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ def paired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"),
         raise ValueError(f"{names[0]} and {names[1]} share no task to compare on")
     diffs = _task_means(a, shared) - _task_means(b, shared)
     return Comparison(names[0], names[1], len(shared), _bootstrap(diffs, n_boot, seed))
-
 
 
 def runs_difference(runs: list[tuple[Scores, Scores]], names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
