@@ -57,11 +57,13 @@ def over_seeds(rows: list[dict], arm: str) -> dict:
     mine = [r for r in rows if r["arm"] == arm]
     cmp = runs_difference([(r["scores"]["rl"], r["scores"]["sft"]) for r in mine], (arm, "sft"))
     return {"arm": arm, "seeds": [r["seed"] for r in mine], "heldout": _iv(cmp),
-            "train_trend_excludes_zero_up": sum(bool(r["train_trend"] and r["train_trend"]["lo"] > 0) for r in mine)}
+            "train_reward_up": sum(bool(r["train_trend"] and r["train_trend"]["lo"] > 0) for r in mine)}
 
 
 def _pts(d: dict | None) -> str:
-    return "-" if d is None else f"{100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+    from dice_kernels.demo.report import points
+
+    return "-" if d is None else points(d)
 
 
 def main() -> None:
@@ -107,7 +109,7 @@ def main() -> None:
               f"{_pts(r['heldout'])} (n {r['heldout']['n']}) | {_pts(r['train_trend'])} |")
     for p in pooled:
         print(f"| all ({len(p['seeds'])}) | {p['arm']} | | | {_pts(p['heldout'])} (n {p['heldout']['n']}): "
-              f"{p['heldout']['verdict']} | up with its interval above 0 in {p['train_trend_excludes_zero_up']} "
+              f"{p['heldout']['verdict']} | up with its interval above 0 in {p['train_reward_up']} "
               f"of {len(p['seeds'])} |")
     print(f"\nwritten: {args.out / 'seeds.json'}")
 

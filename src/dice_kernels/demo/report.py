@@ -273,7 +273,7 @@ def _pct(iv: dict | None) -> str:
     return "–" if not iv else f"{100 * iv['value']:.1f} [{100 * iv['lo']:.1f}, {100 * iv['hi']:.1f}]"
 
 
-def _points(d: dict) -> str:
+def points(d: dict) -> str:
     """A paired difference in points with its interval."""
     return f"{100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
 
@@ -315,7 +315,7 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",
               "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
     for c in cmps:
-        lines.append(f"| {c.a} | {c.b} | {c.n} | {_points(dataclasses.asdict(c.diff))} | {c.verdict} |")
+        lines.append(f"| {c.a} | {c.b} | {c.n} | {points(dataclasses.asdict(c.diff))} | {c.verdict} |")
     outcomes = {a: row["heldout_outcomes"] for a, row in rows.items() if row.get("heldout_outcomes")}
     if outcomes:
         kinds = list(dict.fromkeys(k for counts in outcomes.values() for k in counts))
@@ -329,14 +329,14 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
                   "over the tasks drawn in both)", "", "| arm | A | B | tasks | A − B | verdict |",
                   "|---|---|---|---|---|---|"]
         for a, t in trends.items():
-            lines.append(f"| {rows[a]['title']} | {t['a']} | {t['b']} | {t['n']} | {_points(t['diff'])} | "
+            lines.append(f"| {rows[a]['title']} | {t['a']} | {t['b']} | {t['n']} | {points(t['diff'])} | "
                          f"{t['verdict']} |")
     if tuned:
         lines += ["", f"## rl.lr chosen on the validation split ({ARMS[cfg.tuned_arm()].title}; held-out not used)",
                   "", "| rl.lr | validation tasks | validation Exec | − SFT (paired) | |", "|---|---|---|---|---|"]
         for t in tuned:
             d = t.get("vs_sft")
-            vs = f"{_points(d)} ({d['verdict']})" if d else "–"
+            vs = f"{points(d)} ({d['verdict']})" if d else "–"
             lines.append(f"| {t['lr']:g} | {t['n']} | {_pct(t['exec'])} | {vs} | {'chosen' if t['chosen'] else ''} |")
     lines += ["", "![curves](curves.png)", "", "## What this scale cannot show", "",
               *[f"- {x}" for x in report["limits"]], "", "## Seconds per stage", "", "| stage | seconds |",

@@ -84,15 +84,20 @@ def rate_interval(scores: Scores, n_boot: int = 2000, seed: int = 0) -> Interval
     return _bootstrap(_task_means(scores, tasks), n_boot, seed)
 
 
+def _task_differences(a: Scores, b: Scores, names: tuple[str, str]) -> np.ndarray:
+    """a's task mean minus b's, one per task both scored (sorted by task id)."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        raise ValueError(f"{names[0]} and {names[1]} share no task to compare on")
+    return _task_means(a, shared) - _task_means(b, shared)
+
+
 def paired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
                       seed: int = 0) -> Comparison:
     """Mean of (a's task mean - b's task mean) over the tasks both scored, with a seeded paired bootstrap over
     those tasks."""
-    shared = sorted(set(a) & set(b))
-    if not shared:
-        raise ValueError(f"{names[0]} and {names[1]} share no task to compare on")
-    diffs = _task_means(a, shared) - _task_means(b, shared)
-    return Comparison(names[0], names[1], len(shared), _bootstrap(diffs, n_boot, seed))
+    diffs = _task_differences(a, b, names)
+    return Comparison(names[0], names[1], len(diffs), _bootstrap(diffs, n_boot, seed))
 
 
 def runs_difference(runs: list[tuple[Scores, Scores]], names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
@@ -105,10 +110,10 @@ def runs_difference(runs: list[tuple[Scores, Scores]], names: tuple[str, str] = 
         raise ValueError("runs_difference needs at least one run")
     diffs = []
     for k, (a, b) in enumerate(runs):
-        shared = sorted(set(a) & set(b))
-        if not shared:
-            raise ValueError(f"run {k}: {names[0]} and {names[1]} share no task to compare on")
-        diffs.append(_task_means(a, shared) - _task_means(b, shared))
+        try:
+            diffs.append(_task_differences(a, b, names))
+        except ValueError as e:
+            raise ValueError(f"run {k}: {e}") from None
     rng = np.random.default_rng(seed)
     means = np.empty(n_boot)
     for i in range(n_boot):
