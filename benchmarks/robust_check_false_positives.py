@@ -108,6 +108,8 @@ def main() -> None:
                     help="only the leaderboard solutions of this KernelBench level (repeatable; default: all)")
     ap.add_argument("--no-timing", action="store_true",
                     help="skip timing (the Exec figures need none; timed candidates run one at a time)")
+    ap.add_argument("--only", action="append", metavar="ID",
+                    help="only this candidate of the selection, e.g. dice/6936 (repeatable; default: all)")
     args = ap.parse_args()
     if not args.smoke and args.data is None:
         ap.error("--data is required (or --smoke)")
@@ -115,6 +117,11 @@ def main() -> None:
         batch = smoke_pairs()
     else:
         batch = dice_pairs(args.data, args.dice) + leaderboard_pairs(args.data, args.leaderboard, args.level)
+    if args.only:
+        unknown = set(args.only) - {cand.id for _, cand in batch}
+        if unknown:
+            ap.error(f"--only names candidates not in the selection: {', '.join(sorted(unknown))}")
+        batch = [(task, cand) for task, cand in batch if cand.id in args.only]
     earlier = json.loads(args.out.read_text()) if args.out.is_file() else {}
     rows, spent = earlier.get("rows", []), earlier.get("wall_s", 0.0)
     done = {x["candidate"] for x in rows}
