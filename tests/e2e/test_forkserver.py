@@ -8,10 +8,12 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import EXAMPLES
+import dice_kernels
 from dice_kernels.harness import BuildConfig, EvalConfig, SchedulerConfig, candidate_from_text, evaluate
 from dice_kernels.harness.process import sandbox
 from dice_kernels.harness.process.forkserver import ForkedProcess, ForkServer, ForkServerDown
@@ -132,3 +134,16 @@ def test_a_server_that_cannot_fork_safely_refuses_and_workers_start_as_interpret
         sandbox.discard(worker)
     finally:
         ev.close()
+
+
+def test_a_worker_imports_the_parents_package_from_its_own_directory(tmp_path, monkeypatch):
+    # a relative PYTHONPATH (`PYTHONPATH=src python ...`) names nothing from a worker's private directory
+    monkeypatch.setenv("PYTHONPATH", "src" + os.pathsep + str(tmp_path))
+    env = sandbox.scrubbed_env(tmp_path, {})
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert all(os.path.isabs(p) for p in entries)
+    assert entries[:2] == [os.path.abspath("src"), str(tmp_path)]
+    code = "import dice_kernels; print(dice_kernels.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(out).resolve() == Path(dice_kernels.__file__).resolve()

@@ -28,6 +28,7 @@ from dice_kernels.harness.process.forkserver import ForkedProcess, ForkServer, F
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
              "PYTHONPATH", "CC", "CXX", "NVCC_CCBIN", "CUDA_DEVICE_ORDER")
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder holding dice_kernels/
 OUTPUT_CAP = 64 * 1024  # bytes of stdout/stderr kept from each end of a worker's output
 OUTPUT_FD_ENV = "DICE_OUTPUT_FD"
 
@@ -194,6 +195,7 @@ def device_files() -> list[str]:
 
 def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+    env["PYTHONPATH"] = worker_pythonpath(os.environ.get("PYTHONPATH", ""))
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(HOME=str(home), TMPDIR=str(home), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
                PYTHONNOUSERSITE="1", TRITON_CACHE_DIR=str(home / ".triton"),
@@ -204,6 +206,15 @@ def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
                USE_PYTORCH_KERNEL_CACHE="0", CUDA_CACHE_DISABLE="1")
     env.update(extra)
     return env
+
+
+def worker_pythonpath(parent: str) -> str:
+    """The parent's PYTHONPATH for a worker, whose working directory is its private one: relative entries made
+    absolute, and the folder this package was imported from added last, so a worker imports the parent's code (a
+    `PYTHONPATH=src` run without an install left every worker unable to import the harness, and every candidate
+    a `python_error`)."""
+    entries = [os.path.abspath(p) for p in parent.split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys([*entries, str(_PACKAGE_ROOT)]))
 
 
 def _rss_bytes(pid: int) -> int:
