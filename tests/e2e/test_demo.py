@@ -231,6 +231,12 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     phases = [json.loads(line).get("phase") for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["infill", "e2e"] and not (out / "bicrl_dice").exists()  # not trained again
     assert "rl.lr chosen on the validation split" in (out / "report.md").read_text()
+    # fast_1 is read from the final held-out benchmarks only: the validation and curve benchmarks are not timed
+    timed = {p.parent.relative_to(out / "bench").as_posix(): json.loads(p.read_text())["eval"]["timing.enabled"]
+             for p in (out / "bench").glob("*/*/bench.json")}
+    assert timed == {"sft/heldout": "True", "sft/valid": "False", "bicrl_dice/heldout": "True",
+                     "bicrl_dice/heldout-step-00000001": "False", "bicrl_dice/valid-lr0.001": "False",
+                     "bicrl_dice/valid-lr0.03": "False"}, timed
     # a second run resumes: every stage's outputs exist, nothing is trained again
     mtime = (out / "sft" / "final" / "config.json").stat().st_mtime
     assert CliRunner().invoke(app, args).exit_code == 0
