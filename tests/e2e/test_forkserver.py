@@ -17,6 +17,7 @@ import dice_kernels
 from dice_kernels.harness import BuildConfig, EvalConfig, SchedulerConfig, candidate_from_text, evaluate
 from dice_kernels.harness.process import sandbox
 from dice_kernels.harness.process.forkserver import ForkedProcess, ForkServer, ForkServerDown
+from dice_kernels.harness.process.pool import WorkersCannotStart
 from dice_kernels.harness.timing.platform import Platform
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file
@@ -147,3 +148,17 @@ def test_a_worker_imports_the_parents_package_from_its_own_directory(tmp_path, m
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.strip()
     assert Path(out).resolve() == Path(dice_kernels.__file__).resolve()
+
+
+def test_workers_that_cannot_import_the_harness_stop_the_evaluation_instead_of_failing_each_candidate(
+        tmp_path, monkeypatch):
+    shadow = tmp_path / "shadow" / "dice_kernels"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))  # ahead of the parent's package in every worker
+    task = load_task_file(EXAMPLES / "tasks" / "level1" / "19_ReLU.py")
+    cand = candidate_from_text((EXAMPLES / "solutions" / "cpu" / "level1" / "19_ReLU" / "correct.py").read_text(),
+                               id="relu")
+    config = EvalConfig(backend="cpu", cache_dir=tmp_path / "cache", scheduler=SchedulerConfig(warm_workers=1))
+    with pytest.raises(WorkersCannotStart, match="broken on purpose"):
+        evaluate([(task, cand)], config)

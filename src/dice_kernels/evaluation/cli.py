@@ -82,12 +82,16 @@ def eval_cmd(
                       "file saying what it shows and the outcome it should get (the 'expected' column below)")
 
     from dice_kernels.harness import evaluate
+    from dice_kernels.harness.process.pool import WorkersCannotStart
 
     cache_was_empty = not any(config.cache_dir.glob("*")) if config.cache_dir.is_dir() else True
     console.print(f"evaluating {len(pairs)} candidate(s) on [bold]{config.resolved_backend()}[/] → {out}")
     start = time.monotonic()
-    evaluate(pairs, config, out_dir=out, resume=resume,
-             progress=sys.stdout.isatty() if progress is None else progress)
+    try:
+        evaluate(pairs, config, out_dir=out, resume=resume,
+                 progress=sys.stdout.isatty() if progress is None else progress)
+    except WorkersCannotStart as e:
+        fail(str(e))
     wall_s = round(time.monotonic() - start, 1)
     _write_report(out, {"wall_s": wall_s, "command": shlex.join(["dice", *sys.argv[1:]])}, show_candidates=example or len(pairs) <= 40)
     if cache_was_empty and (size := _size_mb(config.cache_dir)) > 100:  # said once: the first run that compiled

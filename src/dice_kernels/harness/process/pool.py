@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import threading
 from collections import deque
@@ -25,6 +26,19 @@ from dice_kernels.harness.process.tensor_stream import OutputsTooLarge, read_tri
 from dice_kernels.harness.timing.loop import tensor_bytes
 
 _WORKER = "dice_kernels.harness.worker.main"
+
+
+class WorkersCannotStart(RuntimeError):
+    """A worker cannot import the harness in its environment: every candidate would fail alike (and be charged
+    for it), so the evaluation stops instead."""
+
+
+def worker_import_failure(env: dict[str, str], cwd: Path) -> str | None:
+    """Why a worker's interpreter, in `env` and `cwd`, cannot import the worker module (its traceback's end), or
+    None when it can."""
+    done = subprocess.run([sys.executable, "-c", f"import {_WORKER}"], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+    return None if done.returncode == 0 else (done.stderr or done.stdout)[-1500:].strip() or f"exit {done.returncode}"
 # host memory exhausted (a worker over --sandbox-memory-limit-gb, outputs too large): not a CUDA fault
 MEMORY_ERROR = Outcome.MEMORY_ERROR
 
@@ -91,6 +105,13 @@ class Workers:
                 try:
                     self.server = ForkServer(cwd=home, env=self.env(home))
                 except (ForkServerDown, OSError) as e:
+                    # a server that failed on the harness's own imports would leave every worker failing the same
+                    home.mkdir(parents=True, exist_ok=True)
+                    if why := worker_import_failure(self.env(home), home):
+                        raise WorkersCannotStart(
+                            f"sandboxed workers cannot import the harness ({why.splitlines()[-1]}); install "
+                            "dice-kernels into this Python (pip install -e .) or put its src/ folder on "
+                            "PYTHONPATH") from e
                     self.server_down = str(e)
                     print(f"dice-kernels: workers start without the fork server: {e}", file=sys.stderr, flush=True)
             return self.server
