@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dice_kernels import __version__
+from dice_kernels.harness.compiling import bare_cuda
 from dice_kernels.harness.compiling.speed import (announce_pch, build_pch, may_build_bare, pch_variants, plan_pch,
                                                    planned_pch, store_torch_macros, torch_macros_file)
 from dice_kernels.harness.config import EvalConfig
@@ -72,6 +73,7 @@ class BuildAcceleration:
         self.pch_light: dict[str, str] = {}  # the same for the light header
         self.pch_bare: dict[str, str] = {}  # and for the bare C++ build's stub
         self.torch_macros: str | None = None  # build_speed.torch_macros_file, where bare builds may run
+        self.cuda_surroundings: str | None = None  # bare_cuda.surroundings_file, where bare CUDA builds may run
         self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
         self._thread: threading.Thread | None = None
         self._batch_over = threading.Event()
@@ -92,14 +94,19 @@ class BuildAcceleration:
         self.pch_compiler = announce_pch(plans, self.cache_dir)
         macros = torch_macros_file(self.cache_dir) if bare else None
         self.torch_macros = str(macros) if macros else None
-        # once per machine and torch; builds that start earlier wait for a header in main.cpp only, and read
-        # torch's macros themselves
-        if self.pch_compiler or (macros and not macros.exists()):
+        nvcc = bare_cuda.torch_nvcc() if self.cuda else None
+        around = bare_cuda.surroundings_file(self.cache_dir, nvcc) if nvcc else None
+        self.cuda_surroundings = str(around) if around else None
+        # once per machine and torch; builds that start earlier wait for a header in main.cpp only, read torch's
+        # macros themselves, and try no second bare CUDA attempt
+        if self.pch_compiler or (macros and not macros.exists()) or (around and not around.exists()):
             self._batch_over.clear()
 
             def _build() -> None:
                 if macros:
                     store_torch_macros(macros)
+                if around:
+                    bare_cuda.store(around, nvcc)
                 build_pch(plans, abandon=self._batch_over)
                 self.pch_compiler = None
 
@@ -109,6 +116,7 @@ class BuildAcceleration:
     def job_fields(self) -> dict:
         return {"pch": self.pch, "pch_light": self.pch_light, "pch_bare": self.pch_bare,
                 "pch_compiler": self.pch_compiler, "torch_macros": self.torch_macros,
+                "cuda_surroundings": self.cuda_surroundings,
                 "light_headers": self.enabled}
 
     def finish(self) -> None:

@@ -156,10 +156,13 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     cut to the operators they name), "light" (without <torch/extension.h>; only where the lean umbrellas cannot be
     written) or "own". A lighter attempt's main.cpp takes the light torch/extension.h where the cpp_sources only
     declare functions. One lighter attempt, not two: a candidate with a real compile error pays for every attempt,
-    and on the H200 the lean headers compiled all 16 DICE kernels measured (`8c4f433`)."""
+    and on the H200 the lean headers compiled all 16 DICE kernels measured (`8c4f433`). The exception is "bare-wide"
+    after "bare" (compiling/bare_cuda.py), once the parent has measured torch's surroundings: its failure is final
+    for sources that use none of torch's macros, so a compile error costs ~7 s of nvcc instead of ~26."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
+    from dice_kernels.harness.compiling import bare_cuda
     from dice_kernels.harness.compiling.bare_cpp import bare_failure_is_final, build_bare_cpp, scalar_functions
     from dice_kernels.harness.compiling.speed import normalize_cflags, pch_file, pch_wait_environment
     from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only,
@@ -168,7 +171,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     variant = json.dumps(list(normalize_cflags(arguments.get("extra_cflags"))))
 
     full = (job.pch or {}).get(variant)
-    nvcc = _torch_nvcc() if arguments.get("cuda_sources") else None
+    nvcc = bare_cuda.torch_nvcc() if arguments.get("cuda_sources") else None
 
     def attempt(headers: str, args: dict, directory: Path, pch_dir: str | None) -> _Attempt:
         """main.cpp finds the header at `pch_dir` before torch's (GCC ignores its precompiled form wherever it
@@ -202,16 +205,14 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     light_main = (job.pch_light or {}).get(variant) if declarations_only(arguments["cpp_sources"]) else None
     if light_main:
         log.shortcuts[-1].update(light_main=True, pch=pch_file(Path(light_main)).exists())
-    return [attempt(*first, out, light_main or full), replace(own, directory=out.with_name(out.name + "_own"))]
-
-
-def _torch_nvcc() -> str | None:
-    """The nvcc command torch's ninja file runs: PYTORCH_NVCC, else CUDA_HOME's; None without CUDA."""
-    import torch.utils.cpp_extension as cpp
-
-    if os.environ.get("PYTORCH_NVCC"):
-        return os.environ["PYTORCH_NVCC"]
-    return str(Path(cpp.CUDA_HOME) / "bin" / "nvcc") if cpp.CUDA_HOME else None
+    attempts = [attempt(*first, out, light_main or full)]
+    if first[0] == "bare" and (around := bare_cuda.load(job.cuda_surroundings)):
+        # the bare attempt's failure, again with the standard and CUDA headers torch's would bring: if that fails
+        # too, torch's header (~25 s of nvcc) could not have mended it
+        wide = bare_cuda_arguments(arguments, out.with_name(out.name + "_wide_include"), around.stub())
+        attempts.append(replace(attempt("bare-wide", wide, out.with_name(out.name + "_wide"), light_main or full),
+                                conclusive=lambda: bare_cuda.failure_is_final(arguments["cuda_sources"], around)))
+    return [*attempts, replace(own, directory=out.with_name(out.name + "_own"))]
 
 
 @contextmanager

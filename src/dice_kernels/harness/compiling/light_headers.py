@@ -48,18 +48,22 @@ def light_cuda_sources(sources) -> list[str] | None:
             for t in texts]
 
 
-def bare_cuda_arguments(arguments: dict, include_dir: Path) -> dict | None:
+_EMPTY_TYPES_H = "// dice-kernels: these CUDA sources name nothing of torch (harness/compiling/light_headers.py)\n"
+
+
+def bare_cuda_arguments(arguments: dict, include_dir: Path, header: str = _EMPTY_TYPES_H) -> dict | None:
     """`load_inline` arguments for the bare attempt, or None: CUDA sources that name nothing of torch (comments
     aside) compile with an empty header under `include_dir` found for the `#include <torch/types.h>` load_inline
     puts at their top, so nvcc parses the kernels and CUDA's headers only (~1 s against ~25 s). Code that compiles
     without torch's declarations names none of them, so they cannot change what it means; code that uses torch
-    anyway fails to compile and the build falls back to the candidate's own sources."""
+    anyway fails to compile and the build falls back to the candidate's own sources. `header`: that torch/types.h's
+    text (compiling/bare_cuda.py's wider stub for the second bare attempt)."""
     texts = source_texts(arguments.get("cuda_sources"))
     if not texts or any(TORCH_NAMES.search(strip_comments(t)) for t in texts):
         return None
     stub = include_dir / "torch" / "types.h"
     stub.parent.mkdir(parents=True, exist_ok=True)
-    stub.write_text("// dice-kernels: these CUDA sources name nothing of torch (harness/compiling/light_headers.py)\n")
+    stub.write_text(header)
     return {**arguments, "extra_cuda_cflags": [*(arguments.get("extra_cuda_cflags") or []), f"-I{include_dir}"]}
 
 

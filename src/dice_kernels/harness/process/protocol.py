@@ -23,6 +23,7 @@ class BuildJob:
     pch_light: dict = field(default_factory=dict)
     pch_bare: dict = field(default_factory=dict)  # the bare C++ build's stub header, published with its PCH
     torch_macros: str | None = None  # speed.torch_macros_file: torch's macro names, once the parent has stored them
+    cuda_surroundings: str | None = None  # bare_cuda.surroundings_file, once the parent has stored it
     pch_compiler: str | None = None
     light_headers: bool = False
 

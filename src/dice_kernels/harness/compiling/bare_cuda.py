@@ -1,0 +1,138 @@
+"""Whether a bare CUDA build's compile error would be torch's own build's too. The bare attempt compiles CUDA sources
+that name nothing of torch with an empty `torch/types.h` (~1 s of nvcc against ~25 s); when it fails, a second bare
+attempt includes the non-torch headers `torch/types.h` pulls in under nvcc (`Surroundings.headers`: the standard
+library, cuda_fp16.h, thrust/complex.h, ...; ~6 s). Sources that then still fail and use none of torch's macros
+(`Surroundings.macros`) would fail under torch's header as well, so its ~25 s build need not run: a rollout that does
+not compile is decided in seconds. The parent measures the surroundings once per torch and nvcc (`store`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dice_kernels.harness.compiling.light_headers import IDENTIFIER, source_texts, strip_comments
+
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"]", re.MULTILINE)
+# global names torch's headers declare outside its namespaces that CUDA code could use without naming torch
+_TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
+
+
+@dataclass(frozen=True)
+class Surroundings:
+    headers: tuple[str, ...]  # what torch/types.h's own files include from outside torch, as they spell it
+    macros: frozenset[str]  # the macros torch/types.h defines that those headers alone do not
+
+    def stub(self) -> str:
+        """The second bare attempt's `torch/types.h`."""
+        return "// dice-kernels: what torch/types.h includes from outside torch (harness/compiling/bare_cuda.py)\n" + (
+            "".join(f"#include <{h}>\n" for h in self.headers))
+
+
+def torch_nvcc() -> str | None:
+    """The nvcc command torch's ninja file runs: PYTORCH_NVCC, else CUDA_HOME's; None without CUDA."""
+    import torch.utils.cpp_extension as cpp
+
+    if os.environ.get("PYTORCH_NVCC"):
+        return os.environ["PYTORCH_NVCC"]
+    return str(Path(cpp.CUDA_HOME) / "bin" / "nvcc") if cpp.CUDA_HOME else None
+
+
+def nvcc_flags() -> list[str]:
+    """The flags torch's CUDA builds pass that change what a header declares."""
+    import torch.utils.cpp_extension as cpp
+
+    return [*cpp.COMMON_NVCC_FLAGS, "-std=c++20", "-DTORCH_API_INCLUDE_EXTENSION_H", "-x", "cu"]
+
+
+def _nvcc(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _macros(nvcc: str, unit: Path, include_dirs: list[str]) -> set[str] | None:
+    out = _nvcc([nvcc, *nvcc_flags(), "-E", "-Xcompiler", "-dM", *(f"-I{d}" for d in include_dirs), str(unit)])
+    return None if out is None else {m.group(1) for m in re.finditer(r"^#define (\w+)", out, re.MULTILINE)}
+
+
+def outside_headers(torch_files: list[Path], outside_files: list[str], torch_dirs: list[Path]) -> tuple[str, ...]:
+    """The include names torch's files use for files outside torch that nvcc actually opened (a header torch includes
+    only for another platform, `hip/hip_runtime.h`, is left out)."""
+    opened = {os.path.normpath(f) for f in outside_files}
+    names = set()
+    for path in torch_files:
+        for name in _INCLUDE.findall(path.read_text(errors="replace")):
+            if any((d / name).exists() for d in (*torch_dirs, path.parent)):
+                continue  # one of torch's own
+            if any(f.endswith("/" + os.path.normpath(name)) for f in opened):
+                names.add(name)
+    return tuple(sorted(names))
+
+
+def measure(nvcc: str, include_dirs: list[str] | None = None) -> Surroundings | None:
+    """torch/types.h's surroundings under `nvcc` (three preprocessor runs, ~6 s), or None when nvcc cannot run."""
+    import torch.utils.cpp_extension as cpp
+
+    include_dirs = include_dirs or cpp.include_paths()
+    torch_dirs = [Path(d).resolve() for d in include_dirs]
+    with tempfile.TemporaryDirectory(prefix="dice-bare-cuda-") as tmp:
+        unit = Path(tmp) / "probe.cu"
+        unit.write_text("#include <torch/types.h>\n")
+        deps = _nvcc([nvcc, *nvcc_flags(), "-M", *(f"-I{d}" for d in include_dirs), str(unit)])
+        if deps is None:
+            return None
+        files = [t for t in deps.replace("\\\n", " ").split() if not t.endswith(":") and t != str(unit)]
+        inside = [Path(f).resolve() for f in files if any(Path(f).resolve().is_relative_to(d) for d in torch_dirs)]
+        outside = [f for f in files if Path(f).resolve() not in set(inside)]
+        headers = outside_headers(inside, outside, torch_dirs)
+        torch_macros = _macros(nvcc, unit, include_dirs)
+        (Path(tmp) / "stub" / "torch").mkdir(parents=True)
+        (Path(tmp) / "stub" / "torch" / "types.h").write_text(Surroundings(headers, frozenset()).stub())
+        stub_macros = _macros(nvcc, unit, [str(Path(tmp) / "stub")])
+    if torch_macros is None or stub_macros is None:
+        return None
+    return Surroundings(headers, frozenset(torch_macros - stub_macros))
+
+
+def surroundings_file(cache_dir: Path, nvcc: str) -> Path:
+    """Where the parent stores the surroundings for this torch and nvcc."""
+    import torch
+
+    header = Path(torch.__file__).parent / "include" / "torch" / "types.h"
+    version = _nvcc([nvcc, "--version"]) or nvcc
+    key = hashlib.sha256(json.dumps([torch.__version__, header.stat().st_mtime_ns, version]).encode()).hexdigest()
+    return cache_dir / "pch" / f"torch-cuda-surroundings-{key[:24]}.json"
+
+
+def store(path: Path, nvcc: str) -> None:
+    """Measure and write the surroundings to `path` once (workers only read it); nothing when nvcc cannot run."""
+    if path.exists() or (found := measure(nvcc)) is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(json.dumps({"headers": list(found.headers), "macros": sorted(found.macros)}))
+    os.replace(staging, path)
+
+
+def load(path: str | None) -> Surroundings | None:
+    """The stored surroundings, or None (not measured yet, or unreadable)."""
+    try:
+        data = json.loads(Path(path).read_text()) if path else None
+        return Surroundings(tuple(data["headers"]), frozenset(data["macros"])) if data else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def failure_is_final(cuda_sources, surroundings: Surroundings) -> bool:
+    """Whether a bare attempt with `surroundings.stub()` that failed would fail under torch's header too: the sources
+    name nothing of torch (the bare attempt's condition) and none of its macros or global names."""
+    code = "\n".join(strip_comments(t) for t in source_texts(cuda_sources))
+    return not _TORCH_GLOBALS.search(code) and not (set(IDENTIFIER.findall(code)) & surroundings.macros)
