@@ -162,3 +162,12 @@ def test_workers_that_cannot_import_the_harness_stop_the_evaluation_instead_of_f
     config = EvalConfig(backend="cpu", cache_dir=tmp_path / "cache", scheduler=SchedulerConfig(warm_workers=1))
     with pytest.raises(WorkersCannotStart, match="broken on purpose"):
         evaluate([(task, cand)], config)
+
+
+def test_an_installed_package_is_not_put_ahead_of_the_standard_library(monkeypatch):
+    import site
+
+    monkeypatch.setattr(sandbox, "_PACKAGE_ROOT", Path(site.getsitepackages()[0]))  # a wheel's install
+    assert sandbox.worker_pythonpath("a") == os.path.abspath("a")
+    monkeypatch.setattr(sandbox, "_PACKAGE_ROOT", Path("/checkout/src"))  # an editable install or a checkout
+    assert sandbox.worker_pythonpath("a") == os.pathsep.join([os.path.abspath("a"), "/checkout/src"])

@@ -14,6 +14,7 @@ import ctypes
 import os
 import resource
 import signal
+import site
 import subprocess
 import sys
 import threading
@@ -212,9 +213,14 @@ def worker_pythonpath(parent: str) -> str:
     """The parent's PYTHONPATH for a worker, whose working directory is its private one: relative entries made
     absolute, and the folder this package was imported from added last, so a worker imports the parent's code (a
     `PYTHONPATH=src` run without an install left every worker unable to import the harness, and every candidate
-    a `python_error`)."""
+    a `python_error`). Not a site-packages folder (an installed wheel): the interpreter finds that itself, and on
+    PYTHONPATH it would come before the standard library, where an old backport (`typing`, `enum34`) would
+    shadow it."""
     entries = [os.path.abspath(p) for p in parent.split(os.pathsep) if p]
-    return os.pathsep.join(dict.fromkeys([*entries, str(_PACKAGE_ROOT)]))
+    sites = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if os.path.realpath(_PACKAGE_ROOT) not in sites:
+        entries.append(str(_PACKAGE_ROOT))
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def _rss_bytes(pid: int) -> int:
