@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -193,6 +194,16 @@ def test_build_headers(tmp_path):
         assert set(r["modes"]) == {"own", "light", "lean"} and not any(m["compiled"] for m in r["modes"].values())
         assert "-DAT_PER_OPERATOR_HEADERS" in r["modes"]["lean"]["extra_cuda_cflags"]
     assert "  lean      2         0" in out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_bare_cuda_build(tmp_path):
+    out = _smoke("bare_cuda_build.py", "--out", "bc.json", cwd=tmp_path)
+    doc = _json(tmp_path / "bc.json")
+    assert [(r["unit"], r["mode"], r["compiled"]) for r in doc["records"]] == [
+        ("fused_0", "bare", True), ("fused_0", "bare-wide", True), ("broken_0", "bare", False),
+        ("broken_0", "bare-wide", False)]
+    assert "vector" in doc["headers"] and "| bare-wide | 2 | 1 |" in out
 
 
 def test_cpp_build(tmp_path):
