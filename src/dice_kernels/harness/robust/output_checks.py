@@ -28,11 +28,14 @@ def _storage_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN matching NaN where both hold one."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.is_floating_point() or a.is_complex():
+    if torch.equal(a, b):  # one pass, no copy: the usual answer (unchanged inputs, finished outputs)
+        return True
+    if a.is_floating_point() or a.is_complex():  # unequal, or NaN somewhere (NaN != NaN)
         return bool(torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(0), b.nan_to_num(0)))
-    return bool(torch.equal(a, b))
+    return False
 
 
 def tensors_in(values) -> list[torch.Tensor]:
