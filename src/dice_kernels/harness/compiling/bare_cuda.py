@@ -12,12 +12,15 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from dice_kernels.harness.compiling.light_headers import IDENTIFIER, source_texts, strip_comments
+from dice_kernels.harness.compiling.speed import torch_ninja_values
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"]", re.MULTILINE)
 # global names torch's headers declare outside its namespaces that CUDA code could use without naming torch
@@ -44,11 +47,24 @@ def torch_nvcc() -> str | None:
     return str(Path(cpp.CUDA_HOME) / "bin" / "nvcc") if cpp.CUDA_HOME else None
 
 
-def nvcc_flags() -> list[str]:
-    """The flags torch's CUDA builds pass that change what a header declares."""
+@cache
+def nvcc_flags() -> tuple[str, ...]:
+    """The flags of torch's CUDA units that change what a header declares (its macros, the C++ standard), as its
+    ninja file gives them; where torch cannot write one (a CPU build of torch: tests), its common nvcc flags and
+    the standard of this torch's C++ units."""
     import torch.utils.cpp_extension as cpp
 
-    return [*cpp.COMMON_NVCC_FLAGS, "-std=c++20", "-DTORCH_API_INCLUDE_EXTENSION_H", "-x", "cu"]
+    with tempfile.TemporaryDirectory(prefix="dice-bare-cuda-") as tmp:
+        try:
+            values = torch_ninja_values(Path(tmp), [str(Path(tmp) / "main.cpp"), str(Path(tmp) / "cuda.cu")],
+                                        with_cuda=True)
+            flags = shlex.split(values["cuda_cflags"]) + shlex.split(values.get("cuda_post_cflags", ""))
+        except Exception:  # noqa: BLE001 - torch's internals raise what they raise without CUDA
+            values = torch_ninja_values(Path(tmp), [str(Path(tmp) / "main.cpp")])
+            flags = [*cpp.COMMON_NVCC_FLAGS, "-DTORCH_API_INCLUDE_EXTENSION_H",
+                     *(f for f in shlex.split(values.get("cflags", "")) if f.startswith("-std="))]
+    kept = [f for f in flags if f.startswith(("-D", "-U", "-std=", "--expt-")) and "TORCH_EXTENSION_NAME" not in f]
+    return (*kept, "-x", "cu")
 
 
 def _nvcc(command: list[str]) -> str | None:

@@ -110,12 +110,14 @@ def normalize_cflags(flags) -> tuple[str, ...]:
     return tuple(f.strip() for f in flags if str(f).strip())
 
 
-def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:
-    """(compiler, cflags, post_cflags) torch's ninja file would use for `main.cpp`, from torch itself."""
+def torch_ninja_values(scratch: Path, sources: list[str], cflags: tuple[str, ...] = (),
+                       with_cuda: bool = False) -> dict[str, str]:
+    """The variables (`cxx`, `cflags`, `cuda_cflags`, ...) of the ninja file torch would write for `sources`, from
+    torch itself."""
     import torch.utils.cpp_extension as cpp
 
     writer = cpp._write_ninja_file_to_build_library  # internal, but it is the only source of truth for the flags
-    wanted = dict(path=str(scratch / "build.ninja"), name="dice_pch_probe", sources=[str(scratch / "main.cpp")],
+    wanted = dict(path=str(scratch / "build.ninja"), name="dice_pch_probe", sources=sources,
                   extra_cflags=list(cflags), extra_cuda_cflags=[], extra_sycl_cflags=[], extra_ldflags=[],
                   extra_include_paths=[], with_cuda=with_cuda, with_sycl=False, is_standalone=False)
     params = inspect.signature(writer).parameters
@@ -123,8 +125,14 @@ def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) 
     values = {}
     for line in (scratch / "build.ninja").read_text().splitlines():
         name, sep, value = line.partition(" = ")
-        if sep and name in ("cxx", "cflags", "post_cflags"):
+        if sep and not line.startswith(" "):
             values[name] = value
+    return values
+
+
+def _main_unit_command(cflags: tuple[str, ...], with_cuda: bool, scratch: Path) -> tuple[str, list[str], list[str]]:
+    """(compiler, cflags, post_cflags) torch's ninja file would use for `main.cpp`, from torch itself."""
+    values = torch_ninja_values(scratch, [str(scratch / "main.cpp")], cflags, with_cuda)
     flags = [f for f in shlex.split(values.get("cflags", "")) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
     return values.get("cxx", "c++"), flags, shlex.split(values.get("post_cflags", ""))
 
