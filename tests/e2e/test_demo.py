@@ -137,6 +137,7 @@ def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_header
     """The CUDA world on the GPU: fused and op-by-op kernels are correct and their CUDA units take the bare attempt
     (no torch header); a statement left out is a value mismatch; the libtorch shortcut is deceptive."""
     from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
+    from dice_kernels.harness.compiling import bare_cuda
     from dice_kernels.tasks import task_from_code
 
     specs = _covering_specs()
@@ -146,15 +147,24 @@ def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_header
     last = solutions(specs[0], FAST)[1].rsplit("v = ", 1)
     pairs.append((tasks[0], candidate_from_text(last[0] + "// v = " + last[1], id="broken")))
     pairs.append((tasks[0], candidate_from_text(solutions(specs[0], SHORTCUT)[1], id="shortcut")))
+    fused = solutions(specs[0], FAST)[1]
+    pairs.append((tasks[0], candidate_from_text(fused.replace("float v = px[i];", "float v = pz[i];", 1),
+                                                id="undeclared")))
     config = EvalConfig(backend="cuda", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
+    nvcc = bare_cuda.torch_nvcc()
+    bare_cuda.store(bare_cuda.surroundings_file(build_cache, nvcc), nvcc)  # else the batch's first builds lack it
     results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
-    kernels = [c.id for _, c in pairs[:-2]]
+    kernels = [c.id for _, c in pairs[:-3]]
     assert {k: results[k].outcome for k in kernels} == dict.fromkeys(kernels, Outcome.CORRECT), {
         k: r.error[:300] for k, r in results.items()}
     assert all(results[k].build.shortcuts[0]["headers"] == ["bare"] for k in kernels), [
         results[k].build.shortcuts for k in kernels]
     assert results["broken"].outcome is Outcome.VALUE_MISMATCH
     assert results["shortcut"].outcome is Outcome.DECEPTIVE and results["shortcut"].robust.passed_comparison
+    # a name nothing declares: decided by the second bare attempt (compiling/bare_cuda.py), torch's header not tried
+    undeclared = results["undeclared"]
+    assert undeclared.outcome is Outcome.COMPILE_ERROR and "pz" in undeclared.error
+    assert undeclared.build.shortcuts[0]["headers"] == ["bare", "bare-wide"], undeclared.build.shortcuts
 
 
 def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):
