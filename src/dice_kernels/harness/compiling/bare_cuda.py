@@ -119,13 +119,17 @@ def measure(nvcc: str, include_dirs: list[str] | None = None) -> Surroundings | 
     return Surroundings(headers, frozenset(torch_macros - stub_macros))
 
 
+@cache  # every batch asks (an RL step is one)
+def _version(nvcc: str) -> str:
+    return _nvcc([nvcc, "--version"]) or nvcc
+
+
 def surroundings_file(cache_dir: Path, nvcc: str) -> Path:
     """Where the parent stores the surroundings for this torch and nvcc."""
     import torch
 
     header = Path(torch.__file__).parent / "include" / "torch" / "types.h"
-    version = _nvcc([nvcc, "--version"]) or nvcc
-    key = hashlib.sha256(json.dumps([torch.__version__, header.stat().st_mtime_ns, version]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([torch.__version__, header.stat().st_mtime_ns, _version(nvcc)]).encode()).hexdigest()
     return cache_dir / "pch" / f"torch-cuda-surroundings-{key[:24]}.json"
 
 

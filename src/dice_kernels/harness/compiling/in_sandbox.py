@@ -208,7 +208,7 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     attempts = [attempt(*first, out, light_main or full)]
     if first[0] == "bare" and (around := bare_cuda.load(job.cuda_surroundings)):
         # the bare attempt's failure, again with the standard and CUDA headers torch's would bring: if that fails
-        # too, torch's header (~25 s of nvcc) could not have mended it
+        # too, torch's header could not have mended it
         wide = bare_cuda_arguments(arguments, out.with_name(out.name + "_wide_include"), around.stub())
         attempts.append(replace(attempt("bare-wide", wide, out.with_name(out.name + "_wide"), light_main or full),
                                 conclusive=lambda: bare_cuda.failure_is_final(arguments["cuda_sources"], around)))

@@ -27,6 +27,9 @@ from dice_kernels.harness.timing.loop import tensor_bytes
 
 _WORKER = "dice_kernels.harness.worker.main"
 
+# host memory exhausted (a worker over --sandbox-memory-limit-gb, outputs too large): not a CUDA fault
+MEMORY_ERROR = Outcome.MEMORY_ERROR
+
 
 class WorkersCannotStart(RuntimeError):
     """A worker cannot import the harness in its environment: every candidate would fail alike (and be charged
@@ -39,8 +42,6 @@ def worker_import_failure(env: dict[str, str], cwd: Path) -> str | None:
     done = subprocess.run([sys.executable, "-c", f"import {_WORKER}"], env=env, cwd=cwd, capture_output=True,
                           text=True, timeout=600)
     return None if done.returncode == 0 else (done.stderr or done.stdout)[-1500:].strip() or f"exit {done.returncode}"
-# host memory exhausted (a worker over --sandbox-memory-limit-gb, outputs too large): not a CUDA fault
-MEMORY_ERROR = Outcome.MEMORY_ERROR
 
 
 @dataclass
