@@ -5,6 +5,7 @@ headers, lighter CUDA headers); `BuildConfig.fast=False` (`--no-build-fast`) tur
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -128,6 +129,16 @@ class BuildAcceleration:
             self._thread = None
 
 
+def _cached(final: Path) -> Build | None:
+    """The build recorded at `final` (a cache hit), or None."""
+    manifest = final / "manifest.json"
+    if not manifest.exists():
+        return None
+    m = json.loads(manifest.read_text())
+    return Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True,
+                 m.get("shortcuts", []))
+
+
 class BuildCache:
     def __init__(self, config: EvalConfig, platform: Platform, workers: Workers):
         self.config, self.platform, self.workers = config, platform, workers
@@ -156,11 +167,18 @@ class BuildCache:
                          "and not counted against Exec; evaluate it on a GPU (--backend cuda), or write a C++ "
                          "extension (load_inline with cpp_sources only)")
         key, final = self._entry(code)
-        manifest = final / "manifest.json"
-        if manifest.exists():
-            m = json.loads(manifest.read_text())
-            return Build(final, m["ok"], m.get("kind", ""), m.get("error", ""), m.get("compile_s", 0.0), True,
-                         m.get("shortcuts", []))
+        if (cached := _cached(final)) is not None:
+            return cached
+        # one build of a program at a time across every process on this cache (a reward service beside `dice
+        # eval`, two test workers): whoever waited finds the other's build in the cache
+        locks = self.config.cache_dir / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / key, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cached = _cached(final)
+            return cached if cached is not None else self._build_uncached(code, key, final)
+
+    def _build_uncached(self, code: str, key: str, final: Path) -> Build:
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
         timeout_s = self.config.build.timeout_s
