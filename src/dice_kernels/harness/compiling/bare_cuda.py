@@ -56,9 +56,8 @@ def nvcc_flags() -> tuple[str, ...]:
 
     with tempfile.TemporaryDirectory(prefix="dice-bare-cuda-") as tmp:
         try:
-            # an -arch flag of our own: torch then asks no GPU for its arch (the parent opens no CUDA context)
             values = torch_ninja_values(Path(tmp), [str(Path(tmp) / "main.cpp"), str(Path(tmp) / "cuda.cu")],
-                                        with_cuda=True, cuda_cflags=("-arch=sm_90",))
+                                        with_cuda=True)
             flags = shlex.split(values["cuda_cflags"]) + shlex.split(values.get("cuda_post_cflags", ""))
         except Exception:  # noqa: BLE001 - torch's internals raise what they raise without CUDA
             values = torch_ninja_values(Path(tmp), [str(Path(tmp) / "main.cpp")])

@@ -110,15 +110,16 @@ def normalize_cflags(flags) -> tuple[str, ...]:
     return tuple(f.strip() for f in flags if str(f).strip())
 
 
-def torch_ninja_values(scratch: Path, sources: list[str], cflags: tuple[str, ...] = (), with_cuda: bool = False,
-                       cuda_cflags: tuple[str, ...] = ()) -> dict[str, str]:
+def torch_ninja_values(scratch: Path, sources: list[str], cflags: tuple[str, ...] = (),
+                       with_cuda: bool = False) -> dict[str, str]:
     """The variables (`cxx`, `cflags`, `cuda_cflags`, ...) of the ninja file torch would write for `sources`, from
-    torch itself."""
+    torch itself. Its CUDA arch flags are not among them: an `-arch` of ours keeps torch from asking the GPU for
+    its arch (the parent opens no CUDA context)."""
     import torch.utils.cpp_extension as cpp
 
     writer = cpp._write_ninja_file_to_build_library  # internal, but it is the only source of truth for the flags
     wanted = dict(path=str(scratch / "build.ninja"), name="dice_pch_probe", sources=sources,
-                  extra_cflags=list(cflags), extra_cuda_cflags=list(cuda_cflags), extra_sycl_cflags=[], extra_ldflags=[],
+                  extra_cflags=list(cflags), extra_cuda_cflags=["-arch=sm_90"], extra_sycl_cflags=[], extra_ldflags=[],
                   extra_include_paths=[], with_cuda=with_cuda, with_sycl=False, is_standalone=False)
     params = inspect.signature(writer).parameters
     writer(**{k: v for k, v in wanted.items() if k in params})
