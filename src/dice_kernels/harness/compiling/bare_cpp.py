@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dice_kernels.harness.compiling.light_headers import (IDENTIFIER, TORCH_NAMES, needs_full_header, source_texts,
-                                                          strip_comments)
+from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, needs_full_header, source_texts,
+                                                          strip_comments, uses_torch_outside_namespaces)
 
 # what a scalar C++ type is received as from Python: (PyArg_ParseTuple format, the C variable it fills, how a
 # returned value becomes a Python object). pybind11's casters refuse a float for an integer and accept an int for a
@@ -30,8 +30,6 @@ _SCALARS = {
 }
 _QUALIFIERS = re.compile(r"\b(?:const|static|inline|extern|std::)\s*|::")
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
-# torch's names at global scope that are not macros: pybind11's namespace and the Python bindings' THP* functions
-_TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
 
 # every standard and system header torch/extension.h includes beyond Python.h's (GCC 12, x86-64, torch 2.13; and
 # Python's frameobject.h), so that code naming nothing of torch sees the same declarations (which overload
@@ -253,5 +251,4 @@ def bare_failure_is_final(cpp_sources, stored_macros: str | None = None) -> bool
     macros = read_macro_names(stored_macros) or torch_macro_names()
     if macros is None:
         return False
-    code = "\n".join(strip_comments(t) for t in source_texts(cpp_sources))
-    return not _TORCH_GLOBALS.search(code) and not (set(IDENTIFIER.findall(code)) & macros)
+    return not uses_torch_outside_namespaces(cpp_sources, macros)

@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dice_kernels.harness.compiling.light_headers import IDENTIFIER, source_texts, strip_comments
+from dice_kernels.harness.compiling.light_headers import uses_torch_outside_namespaces
 from dice_kernels.harness.compiling.speed import torch_ninja_values
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"]", re.MULTILINE)
-# global names torch's headers declare outside its namespaces that CUDA code could use without naming torch
-_TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
 
 
 @dataclass(frozen=True)
@@ -106,10 +104,10 @@ def measure(nvcc: str, include_dirs: list[str] | None = None) -> Surroundings | 
         deps = _nvcc([nvcc, *nvcc_flags(), "-M", *(f"-I{d}" for d in include_dirs), str(unit)])
         if deps is None:
             return None
-        files = [t for t in deps.replace("\\\n", " ").split() if not t.endswith(":") and t != str(unit)]
-        inside = [Path(f).resolve() for f in files if any(Path(f).resolve().is_relative_to(d) for d in torch_dirs)]
-        outside = [f for f in files if Path(f).resolve() not in set(inside)]
-        headers = outside_headers(inside, outside, torch_dirs)
+        files = {t: Path(t).resolve() for t in deps.replace("\\\n", " ").split()
+                 if not t.endswith(":") and t != str(unit)}
+        inside = {f: r for f, r in files.items() if any(r.is_relative_to(d) for d in torch_dirs)}
+        headers = outside_headers(list(inside.values()), [f for f in files if f not in inside], torch_dirs)
         torch_macros = _macros(nvcc, unit, include_dirs)
         (Path(tmp) / "stub" / "torch").mkdir(parents=True)
         (Path(tmp) / "stub" / "torch" / "types.h").write_text(Surroundings(headers, frozenset()).stub())
@@ -155,5 +153,4 @@ def load(path: str | None) -> Surroundings | None:
 def failure_is_final(cuda_sources, surroundings: Surroundings) -> bool:
     """Whether a bare attempt with `surroundings.stub()` that failed would fail under torch's header too: the sources
     name nothing of torch (the bare attempt's condition) and none of its macros or global names."""
-    code = "\n".join(strip_comments(t) for t in source_texts(cuda_sources))
-    return not _TORCH_GLOBALS.search(code) and not (set(IDENTIFIER.findall(code)) & surroundings.macros)
+    return not uses_torch_outside_namespaces(cuda_sources, surroundings.macros)

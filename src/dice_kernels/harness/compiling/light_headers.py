@@ -92,6 +92,15 @@ _OPS_INCLUDE = {  # ATen umbrella header -> its per-operator include lines (grou
     "NativeFunctions.h": re.compile(r"^[ \t]*#[ \t]*include[ \t]*<ATen/ops/(\w+)_native\.h>[ \t]*$", re.MULTILINE),
 }
 IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+# torch's names at global scope that are not macros: pybind11's namespace and the Python bindings' THP* functions
+_TORCH_GLOBALS = re.compile(r"\bpybind11\b|\bTHP\w*")
+
+
+def uses_torch_outside_namespaces(sources, macros: frozenset[str]) -> bool:
+    """Whether code (comments aside) uses one of torch's `macros` or its global names: all that torch's header could
+    declare for sources that name none of its namespaces, so a bare build's compile error is final without them."""
+    code = "\n".join(strip_comments(t) for t in source_texts(sources))
+    return bool(_TORCH_GLOBALS.search(code) or set(IDENTIFIER.findall(code)) & macros)
 
 
 def lean_umbrella(text: str, pattern: re.Pattern, names: set[str]) -> str:
