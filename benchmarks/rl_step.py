@@ -11,7 +11,9 @@ so this step's reward phase only sees generation failures. The update's model FL
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
 apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
 matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first update compiles flex attention for its
-shapes, so the same update runs again: its time is what every later step of a run pays. `--compare-rollouts` also
+shapes, so the same update runs again: its time is what every later step of a run pays. `--rollouts-again` draws
+the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first) and adds the step
+a run's later steps pay: those rollouts, the reward, the update again. `--compare-rollouts` also
 decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
@@ -98,6 +100,16 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
             result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": seconds,
                                      "optimizer_steps": len(dice["updates"]), "updates": dice["updates"],
                                      "flops": _update_flops(step, trajs, seconds, peak)}
+    if args.rollouts_again:
+        # the step's rollouts again as the trainer draws them (graphs captured afresh, freed after): what every
+        # later step's rollout phase pays once the first has compiled the decoder
+        began = time.monotonic()
+        again = step.rollouts(1, "e2e", tasks)
+        result["rollout_again_s"] = time.monotonic() - began
+        result["rollout_again_tokens_per_s"] = (sum(len(r.trajectory.tokens) for r in again)
+                                                / result["rollout_again_s"])
+        if "update_warm_s" in result:
+            result["step_again_s"] = result["rollout_again_s"] + result["reward_s"] + result["update_warm_s"]
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.compare_rollouts:
@@ -209,6 +221,9 @@ def main() -> None:
                    help="recompute each layer in the backward (less memory, ~1/3 more update FLOPs; GPU only)")
     p.add_argument("--compile-rollouts", action="store_true",
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
+    p.add_argument("--rollouts-again", action="store_true",
+                   help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
+                        "steps pay (rollouts again + reward + the update again)")
     p.add_argument("--compare-rollouts", action="store_true",
                    help="also decode the step's rollouts eager and compiled (rollout.compile), each twice")
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2 (0: no part 2)")
@@ -241,9 +256,12 @@ def main() -> None:
     print(f"\nBiC-RL step, {args.shape} random weights, {args.tasks_per_step} tasks x {args.group} rollouts, "
           f"{args.max_new} new tokens, {results['device']}")
     print(f"{'phase':<28}{'seconds':>10}")
-    for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s", "update_warm_s"):
+    for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s", "update_warm_s", "rollout_again_s",
+                "step_again_s"):
         if key in s:
-            print(f"{key[:-2].replace('_warm', ' again (warm)'):<28}{s[key]:>10.1f}")
+            print(f"{key[:-2].replace('_warm', ' again').replace('_again', ' again'):<28}{s[key]:>10.1f}")
+    if "rollout_again_s" in s:
+        print(f"rollouts again: {s['rollout_again_tokens_per_s']:,.0f} tokens/s")
     print(f"tokens generated {s['tokens_generated']:,} ({s['rollout_tokens_per_s']:,.0f}/s), trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")

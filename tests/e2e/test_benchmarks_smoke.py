@@ -72,7 +72,8 @@ def test_sft_trainer(tmp_path):
 @pytest.mark.slow  # a tiny RL step and two reward calls on the examples (builds: the session cache's)
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
-                 "--rows-per-update", "1", "--compare-rollouts", "--compile-rollouts", cwd=tmp_path)
+                 "--rows-per-update", "1", "--compare-rollouts", "--compile-rollouts", "--rollouts-again",
+                 cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]
@@ -81,6 +82,9 @@ def test_rl_step(tmp_path, build_cache):
     assert [(r["compile"], r["call"]) for r in step["rollout_compare"]] == [(False, "first"), (False, "again"),
                                                                      (True, "first"), (True, "again")]
     assert len({r["tokens"] for r in step["rollout_compare"]}) == 1 and "rollouts compiled" in out
+    # the step a run's later steps pay: its rollouts drawn again, the same reward, the update again
+    assert step["rollout_again_s"] > 0 and step["rollout_again_tokens_per_s"] > 0 and "rollouts again" in out
+    assert step["step_again_s"] == pytest.approx(step["rollout_again_s"] + step["reward_s"] + step["update_warm_s"])
     assert flops["total"] == flops["useful"] + flops["padding"] > 0 and 0 <= flops["pad_share"] < 1
     assert flops["tokens"] > 0 and flops["mfu"] is None and flops["tflops"] > 0
     assert "MFU n/a on a CPU" in out and "padding" in out

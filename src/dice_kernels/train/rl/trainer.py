@@ -115,9 +115,7 @@ class RLStep:
         t0 = time.monotonic()
         share = len(tasks) // self.dist.world_size
         mine = tasks[self.dist.rank * share: (self.dist.rank + 1) * share]
-        policy = self.policy.refresh(self.model) if self.policy is not None else self.model
-        rollouts = generate_rollouts(policy, self.tokenizer, mine, self.rollout.group, phase, self.backend,
-                                     self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
+        rollouts = self.rollouts(step, phase, mine)
         seconds["rollout"] = time.monotonic() - t0
         self.last_rollouts = rollouts  # for inspection (benchmarks/rl_step.py)
         pairs = [(r.task.harness_task(), r.candidate) for r in rollouts]
@@ -141,6 +139,12 @@ class RLStep:
                        deceptive_extension=scored["deceptive_extension"], groups=groups,
                        dropped_groups=dropped, trained_rollouts=trained, tokens_generated=tokens,
                        seconds=seconds, **upd)
+
+    def rollouts(self, step: int, phase: str, tasks: list[RLTask]) -> list:
+        """This rank's rollouts of `tasks` from the current weights (the sampler's copy refreshed first)."""
+        policy = self.policy.refresh(self.model) if self.policy is not None else self.model
+        return generate_rollouts(policy, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
+                                 self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
