@@ -86,3 +86,19 @@ def test_cuda_builds_that_fail_bare_try_the_wide_stub_before_torchs_header(tmp_p
                           cuda_surroundings=str(tmp_path / "not-yet.json"))
     assert [a.headers for a in _build_attempts(unmeasured, arguments, tmp_path / "u", BuildLog(), "u#1")] == [
         "bare", "own"]
+
+
+def test_the_surroundings_file_is_named_for_this_torch_and_nvcc(tmp_path):
+    # torch/types.h lives in one of torch's include folders, not at torch/include/torch/types.h: naming the file
+    # must not assume where (it raised FileNotFoundError on every CUDA evaluation)
+    path = bare_cuda.surroundings_file(tmp_path, "no-such-nvcc")
+    assert path.parent == tmp_path / "pch" and path.name.startswith("torch-cuda-surroundings-")
+    assert bare_cuda.surroundings_file(tmp_path, "no-such-nvcc") == path
+    assert bare_cuda.surroundings_file(tmp_path, "another-missing-nvcc") != path  # another compiler, another file
+
+
+@needs_nvcc
+def test_the_stored_surroundings_read_back_as_measured(surroundings, tmp_path):
+    path = bare_cuda.surroundings_file(tmp_path, "nvcc")
+    bare_cuda.store(path, "nvcc")
+    assert bare_cuda.load(str(path)) == surroundings

@@ -123,11 +123,15 @@ def _version(nvcc: str) -> str:
 
 
 def surroundings_file(cache_dir: Path, nvcc: str) -> Path:
-    """Where the parent stores the surroundings for this torch and nvcc."""
+    """Where the parent stores the surroundings for this torch (its version, include folders and the time its
+    torch/types.h was written: a reinstall of one version can change them) and this nvcc."""
     import torch
+    from torch.utils.cpp_extension import include_paths
 
-    header = Path(torch.__file__).parent / "include" / "torch" / "types.h"
-    key = hashlib.sha256(json.dumps([torch.__version__, header.stat().st_mtime_ns, _version(nvcc)]).encode()).hexdigest()
+    folders = include_paths()
+    header = next((h for h in (Path(d) / "torch" / "types.h" for d in folders) if h.is_file()), None)
+    written = header.stat().st_mtime_ns if header else None
+    key = hashlib.sha256(json.dumps([torch.__version__, folders, written, _version(nvcc)]).encode()).hexdigest()
     return cache_dir / "pch" / f"torch-cuda-surroundings-{key[:24]}.json"
 
 
