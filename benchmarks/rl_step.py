@@ -245,7 +245,8 @@ def main() -> None:
     from dice_kernels.train.rl.reward import RewardConfig, RewardService
 
     backend = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    cfg = RewardConfig(backend=backend, cache_dir=args.cache_dir or str(work / "cache"))
+    # part 2 measures evaluation: no verdict of an earlier call (or run) is reused
+    cfg = RewardConfig(backend=backend, cache_dir=args.cache_dir or str(work / "cache"), reuse_verdicts=False)
     results: dict = {"shape": args.shape, "tasks_per_step": args.tasks_per_step, "group": args.group,
                      "max_new": args.max_new, "backend": backend,
                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}

@@ -149,7 +149,10 @@ def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Pat
                         samples=b.samples, batch_size=64, dtype="float32",
                         decoding=SamplingConfig(max_new_tokens=new_tokens(cfg, files), block_size=4, steps=4,
                                                 strategy="static", temperature=0.0),
-                        eval=EvalConfig(backend=cfg.backend, timing=TimingConfig(enabled=timed, max_s=1.0)))
+                        # arms share most greedy outputs: a program benchmarked for one arm is not run again
+                        # for the next, and keeps one time, so fast_1 differs between arms only where programs do
+                        eval=EvalConfig(backend=cfg.backend, timing=TimingConfig(enabled=timed, max_s=1.0),
+                                        reuse_verdicts=True))
     return bench_run(bench, command=f"dice demo ({out.relative_to(cfg.out)})", progress=cfg.progress,
                      echo=lambda m: None)
 

@@ -31,6 +31,7 @@ from dice_kernels.harness.process.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
 from dice_kernels.harness.store import ResultStore
+from dice_kernels.harness.verdicts import VerdictCache, reused, verdict_key
 from dice_kernels.harness.timing.loop import tensor_bytes
 from dice_kernels.harness.process.pool import Workers
 from dice_kernels.tasks import Task
@@ -100,15 +101,24 @@ class Evaluator:
         with self._batch_lock:
             self.began = time.monotonic()
             store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
+            verdicts = VerdictCache(self.config.cache_dir) if self.config.reuse_verdicts else None
             try:
-                return self._evaluate(pairs, store, resume, Progress(len(pairs), enabled=progress), on_result)
+                return self._evaluate(pairs, store, resume, Progress(len(pairs), enabled=progress), on_result,
+                                      verdicts)
             finally:
                 if store:
                     store.close()
+                if verdicts:
+                    verdicts.close()
 
     def _evaluate(self, pairs: Sequence[tuple[Task, Candidate]], store: ResultStore | None, resume: bool,
-                  bar: Progress, on_result: Callable[[EvalResult], None] | None) -> list[EvalResult]:
+                  bar: Progress, on_result: Callable[[EvalResult], None] | None,
+                  verdicts: VerdictCache | None = None) -> list[EvalResult]:
         config, plat = self.config, self.platform
+        settings = config.settings()
+
+        def key_of(i: int) -> str:
+            return verdict_key(pairs[i][0], pairs[i][1], settings, plat.__dict__, __version__)
         if store:
             store.set_meta("config", {k: str(v) for k, v in config.settings().items()})
             store.set_meta("platform", plat.__dict__)
@@ -129,6 +139,7 @@ class Evaluator:
 
         first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
         duplicates: dict[int, list[int]] = {}
+        given: dict[int, EvalResult] = {}  # index -> the verdict an earlier run reached for its program
         for i, (task, cand) in enumerate(pairs):
             key = (task.id, cand.id, cand.sha256)
             if key in done:
@@ -139,7 +150,12 @@ class Evaluator:
                 duplicates.setdefault(first_of[k], []).append(i)
             else:
                 first_of[k] = i
-        todo = sorted(first_of.values())
+                if verdicts and (earlier := verdicts.get(key_of(i))):
+                    given[i] = earlier
+        for i, earlier in given.items():  # verdicts reached before: nothing runs for them or their duplicates
+            for j in (i, *duplicates.pop(i, [])):
+                record(j, reused(earlier, *pairs[j]))
+        todo = sorted(i for i in first_of.values() if i not in given)
         users: dict[str, int] = {}
         for i in todo:
             users[pairs[i][0].id] = users.get(pairs[i][0].id, 0) + 1
@@ -180,6 +196,8 @@ class Evaluator:
             refs.release(task)
             r.wall_s = time.monotonic() - start + (b.wall_s if b is not None else 0.0)  # its build, then the rest
             record(i, r)
+            if verdicts:
+                verdicts.put(key_of(i), r)
             for j in duplicates.get(i, []):
                 dup = pairs[j][1]
                 # the work was done once, for the row above: its seconds are not counted twice

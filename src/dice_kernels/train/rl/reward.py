@@ -43,6 +43,9 @@ class RewardConfig:
     speed_bonus: float = 0.0
     speed_bonus_max: float = 0.5
     cache_dir: str = ""  # harness build cache ("" = the harness default, $DICE_CACHE_DIR or ~/.cache)
+    # a program scored before (same task, syntax tree and settings on this machine) gets that verdict again without
+    # running (EvalConfig.reuse_verdicts): a run's later steps and other arms meet the same programs many times
+    reuse_verdicts: bool = True
     run_timeout_s: float = 60.0
     compile_timeout_s: float = 300.0
     # where candidates are scored: "local" (one Evaluator in this process) or "ray" (`ray_actors` Evaluators on a
@@ -73,7 +76,7 @@ class RewardConfig:
                          robust=RobustConfig(enabled=self.robust and not dice), atol=1e-2, rtol=1e-2,
                          timing=TimingConfig(enabled=self.speed_bonus > 0),
                          sandbox=SandboxConfig(run_timeout_s=self.run_timeout_s),
-                         build=BuildConfig(timeout_s=self.compile_timeout_s))
+                         build=BuildConfig(timeout_s=self.compile_timeout_s), reuse_verdicts=self.reuse_verdicts)
         return replace(cfg, cache_dir=Path(self.cache_dir)) if self.cache_dir else cfg  # EvalConfig is frozen
 
 

@@ -1,0 +1,66 @@
+"""Verdicts kept across runs (`EvalConfig.reuse_verdicts`): one SQLite table beside the build cache, keyed by the
+task, the candidate's program (its syntax tree) and everything that decides a verdict (every setting of the run, the
+machine, torch and the harness version), so a program met again, in a later RL step or another arm's benchmark, is
+not run again. Only the trusted parent reads and writes it: workers may write nowhere but their own folders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+from dice_kernels.harness.candidate import Candidate
+from dice_kernels.harness.outcomes import EvalResult, Outcome, Phases
+from dice_kernels.tasks import Task
+
+FILE = "verdicts.sqlite"
+
+
+def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platform: dict[str, object],
+                harness_version: str) -> str:
+    """What a verdict depends on, hashed: the same task code, the same program, the same settings on the same
+    machine and software. Settings that cannot change a verdict (worker counts) only cost a miss."""
+    decided_by = [task.sha256, cand.program_sha256, harness_version,
+                  {k: str(v) for k, v in sorted(settings.items()) if k != "cache_dir"},
+                  {k: str(v) for k, v in sorted(platform.items())}]
+    return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()
+
+
+class VerdictCache:
+    """`get(key)` an earlier verdict or None; `put(key, result)` a new one (harness errors are ours, never kept)."""
+
+    def __init__(self, cache_dir: Path):
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # several evaluators may share one cache folder (a reward service beside `dice bench`): wait for a writer
+        self._db = sqlite3.connect(cache_dir / FILE, timeout=60, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
+        self._db.commit()
+
+    def get(self, key: str) -> EvalResult | None:
+        row = self._db.execute("SELECT result FROM verdicts WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            return EvalResult.from_row(json.loads(row[0]))
+        except (ValueError, KeyError, TypeError):  # written by another harness version's fields: evaluate again
+            return None
+
+    def put(self, key: str, result: EvalResult) -> None:
+        if result.outcome is Outcome.HARNESS_ERROR:
+            return
+        self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (key, json.dumps(result.to_row())))
+        self._db.commit()
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def reused(earlier: EvalResult, task: Task, cand: Candidate) -> EvalResult:
+    """An earlier verdict as this pair's result: this task's and candidate's names, `duplicate_of` the candidate
+    it was evaluated for, and no seconds of work (none was done)."""
+    return replace(earlier, task_id=task.id, candidate_id=cand.id, candidate_sha256=cand.sha256,
+                   solution_path=cand.path, level=task.level, duplicate_of=earlier.candidate_id, wall_s=0.0,
+                   phases=Phases(failed_in=earlier.phases.failed_in))
