@@ -120,11 +120,12 @@ def test_an_rl_arm_reports_its_updates_and_the_outputs_it_changed(tmp_path):
 
 
 def test_a_kernel_timed_far_apart_in_two_runs_makes_fast_1_incomparable(tmp_path):
-    def run(name: str, rows: list[tuple[str, str, float | None]]) -> Path:
+    def run(name: str, rows: list[tuple[str, str, float | None]], copied_from: str = "") -> Path:
         path = tmp_path / name
         path.mkdir()
         (path / "results.jsonl").write_text("".join(
-            json.dumps({"candidate_sha256": sha, "outcome": outcome, "cand_time_ms": ms}) + "\n"
+            json.dumps({"candidate_sha256": sha, "outcome": outcome, "cand_time_ms": ms,
+                        "duplicate_of": copied_from}) + "\n"
             for sha, outcome, ms in rows))
         return path
 
@@ -140,3 +141,6 @@ def test_a_kernel_timed_far_apart_in_two_runs_makes_fast_1_incomparable(tmp_path
     assert abs(noisy["median_ratio"] - 5.55) < 1e-9
     assert any("fast_1 is not comparable" in x and "5.5x" in x for x in scale_limits(cfg, spread=noisy))
     assert timing_spread([c]) is None
+    # a verdict reused from run a (its time copied, not measured again) is no second measurement
+    reused = run("reused", [("k1", "correct", 0.004), ("k3", "correct", 0.5)], copied_from="a/k1")
+    assert timing_spread([a, reused]) is None

@@ -130,13 +130,14 @@ def timing_spread(runs: list[Path]) -> dict | None:
     """How far the same kernel's time moved between bench runs: per candidate (by source hash) correct in two or
     more runs, its largest over its smallest measured time; the median of that and the share above 2x (None when
     no kernel was timed twice). Where one kernel's time moves that much between runs, no fast_1 difference between
-    arms is the kernels'."""
+    arms is the kernels'. A result copied from another evaluation (`duplicate_of`: the same program in the batch, or
+    a verdict reused from an earlier run) is no measurement of its own and is left out."""
     times: dict[str, dict[str, float]] = {}
     for run in runs:
         path = run / "results.jsonl"
         for line in path.read_text().splitlines() if path.is_file() else []:
             r = json.loads(line)
-            if r.get("outcome") == "correct" and r.get("cand_time_ms"):
+            if r.get("outcome") == "correct" and r.get("cand_time_ms") and not r.get("duplicate_of"):
                 times.setdefault(r["candidate_sha256"], {})[str(run)] = r["cand_time_ms"]
     ratios = [max(t.values()) / min(t.values()) for t in times.values() if len(t) >= 2]
     if not ratios:

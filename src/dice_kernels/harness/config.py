@@ -380,5 +380,5 @@ class EvalConfig:
 
 
 # settings that change how fast a run goes, never what a candidate gets: a resumed run may change them
-SCHEDULING = frozenset({"cache_dir", "timing.baselines", "build.jobs", "build.nice", "build.fast",
+SCHEDULING = frozenset({"cache_dir", "reuse_verdicts", "timing.baselines", "build.jobs", "build.nice", "build.fast",
                         "build.warm_workers", *(f"scheduler.{f.name}" for f in fields(SchedulerConfig))})

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dice_kernels.harness.candidate import Candidate
+from dice_kernels.harness.config import SCHEDULING
 from dice_kernels.harness.outcomes import EvalResult, Outcome, Phases
 from dice_kernels.tasks import Task
 
@@ -20,10 +21,10 @@ FILE = "verdicts.sqlite"
 
 def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platform: dict[str, object],
                 harness_version: str) -> str:
-    """What a verdict depends on, hashed: the same task code, the same program, the same settings on the same
-    machine and software. Settings that cannot change a verdict (worker counts) only cost a miss."""
+    """What a verdict depends on, hashed: the same task code, the same program, the settings that decide verdicts
+    (all but config.SCHEDULING, as `--resume` compares them) on the same machine and software."""
     decided_by = [task.sha256, cand.program_sha256, harness_version,
-                  {k: str(v) for k, v in sorted(settings.items()) if k != "cache_dir"},
+                  {k: str(v) for k, v in sorted(settings.items()) if k not in SCHEDULING},
                   {k: str(v) for k, v in sorted(platform.items())}]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()
 
