@@ -1,5 +1,5 @@
 """Verdicts kept across runs (`EvalConfig.reuse_verdicts`): one SQLite table beside the build cache, keyed by the
-task, the candidate's program (its syntax tree) and everything that decides a verdict (every setting of the run, the
+task, the candidate's program (its syntax tree) and everything that decides a verdict (the settings that do, the
 machine, torch and the harness version), so a program met again, in a later RL step or another arm's benchmark, is
 not run again. Only the trusted parent reads and writes it: workers may write nowhere but their own folders."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from dice_kernels.harness.outcomes import EvalResult, Outcome, Phases
 from dice_kernels.tasks import Task
 
 FILE = "verdicts.sqlite"
+# outcomes that may depend on what else ran at the time (load, memory taken by other workers) or are our own fault:
+# never kept, so a later run decides them afresh
+NOT_KEPT = frozenset({Outcome.HARNESS_ERROR, Outcome.TIMEOUT, Outcome.MEMORY_ERROR, Outcome.CUDA_MEMORY_ERROR})
 
 
 def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platform: dict[str, object],
@@ -30,7 +34,8 @@ def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platfo
 
 
 class VerdictCache:
-    """`get(key)` an earlier verdict or None; `put(key, result)` a new one (harness errors are ours, never kept)."""
+    """`get(key)` an earlier verdict or None; `put(key, result)` a new one (not one of NOT_KEPT). Safe to call from
+    the batch's run threads."""
 
     def __init__(self, cache_dir: Path):
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -39,9 +44,11 @@ class VerdictCache:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
         self._db.commit()
+        self._lock = threading.Lock()  # one connection, several run threads
 
     def get(self, key: str) -> EvalResult | None:
-        row = self._db.execute("SELECT result FROM verdicts WHERE key = ?", (key,)).fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT result FROM verdicts WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         try:
@@ -50,10 +57,11 @@ class VerdictCache:
             return None
 
     def put(self, key: str, result: EvalResult) -> None:
-        if result.outcome is Outcome.HARNESS_ERROR:
+        if result.outcome in NOT_KEPT:
             return
-        self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (key, json.dumps(result.to_row())))
-        self._db.commit()
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?)", (key, json.dumps(result.to_row())))
+            self._db.commit()
 
     def close(self) -> None:
         self._db.close()
