@@ -27,6 +27,9 @@ HELP = {
     "inputs_on_device": "CUDA: run the task's get_inputs() with the GPU as default device (no CPU generation and "
                         "copy of multi-GiB inputs); --no-inputs-on-device generates them on the CPU, as KernelBench.",
     "cache_dir": "Build cache, shared across runs (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds).",
+    "reuse_verdicts": "Give a program evaluated before (same task, syntax tree, verdict-deciding settings, machine, "
+                      "torch and harness) that verdict, timing included, without running it again (the cache "
+                      "folder's verdicts.sqlite; docs/harness.md).",
     "timing.enabled": "Time correct candidates and references.",
     "timing.iters": "Least timed calls per model; more follow until the median's 95% CI is within "
                     "--timing-target-ci of it (docs/timing.md).",
