@@ -31,7 +31,7 @@ from dice_kernels.harness.process.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
 from dice_kernels.harness.store import ResultStore
-from dice_kernels.harness.verdicts import VerdictCache, reused, verdict_key
+from dice_kernels.harness.verdicts import VerdictCache, harness_source, reused, verdict_key
 from dice_kernels.harness.timing.loop import tensor_bytes
 from dice_kernels.harness.process.pool import Workers
 from dice_kernels.tasks import Task
@@ -118,7 +118,7 @@ class Evaluator:
         settings = config.settings()
 
         def key_of(i: int) -> str:
-            return verdict_key(pairs[i][0], pairs[i][1], settings, plat.__dict__, __version__)
+            return verdict_key(pairs[i][0], pairs[i][1], settings, plat.__dict__, harness_source())
         if store:
             store.set_meta("config", {k: str(v) for k, v in config.settings().items()})
             store.set_meta("platform", plat.__dict__)

@@ -1,6 +1,6 @@
 """Verdicts kept across runs (`EvalConfig.reuse_verdicts`): one SQLite table beside the build cache, keyed by the
 task, the candidate's program (its syntax tree) and everything that decides a verdict (the settings that do, the
-machine, torch and the harness version), so a program met again, in a later RL step or another arm's benchmark, is
+machine, torch and the harness's code), so a program met again, in a later RL step or another arm's benchmark, is
 not run again. Only the trusted parent reads and writes it: workers may write nowhere but their own folders."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import sqlite3
 import threading
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 from dice_kernels.harness.candidate import Candidate
@@ -23,11 +24,23 @@ FILE = "verdicts.sqlite"
 NOT_KEPT = frozenset({Outcome.HARNESS_ERROR, Outcome.TIMEOUT, Outcome.MEMORY_ERROR, Outcome.CUDA_MEMORY_ERROR})
 
 
+@cache
+def harness_source() -> str:
+    """A hash of the harness's own code (every .py file of this package folder): a verdict reached by other code,
+    an edited checkout's included, whatever its version says, is not reused."""
+    digest = hashlib.sha256()
+    root = Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platform: dict[str, object],
-                harness_version: str) -> str:
+                harness: str) -> str:
     """What a verdict depends on, hashed: the same task code, the same program, the settings that decide verdicts
-    (all but config.SCHEDULING, as `--resume` compares them) on the same machine and software."""
-    decided_by = [task.sha256, cand.program_sha256, harness_version,
+    (all but config.SCHEDULING, as `--resume` compares them) on the same machine, torch and harness code
+    (`harness`: harness_source())."""
+    decided_by = [task.sha256, cand.program_sha256, harness,
                   {k: str(v) for k, v in sorted(settings.items()) if k not in SCHEDULING},
                   {k: str(v) for k, v in sorted(platform.items())}]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()
