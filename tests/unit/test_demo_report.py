@@ -144,3 +144,14 @@ def test_a_kernel_timed_far_apart_in_two_runs_makes_fast_1_incomparable(tmp_path
     # a verdict reused from run a (its time copied, not measured again) is no second measurement
     reused = run("reused", [("k1", "correct", 0.004), ("k3", "correct", 0.5)], copied_from="a/k1")
     assert timing_spread([a, reused]) is None
+
+
+def test_stage_seconds_end_with_their_total_and_survive_a_resume(tmp_path):
+    from dice_kernels.demo.run import Timings
+
+    timings = Timings.load(tmp_path / "timings.json")
+    assert timings.run("world", lambda: 7) == 7
+    timings.run("sft", lambda: None)
+    again = Timings.load(tmp_path / "timings.json")  # a resumed demo reads what the stages took
+    assert list(again.seconds) == ["world", "sft", "total"]
+    assert again.seconds["total"] == round(again.seconds["world"] + again.seconds["sft"], 1)

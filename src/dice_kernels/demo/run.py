@@ -46,8 +46,9 @@ class Timings:
         value = fn(*args)
         seconds = round(time.perf_counter() - began, 1)
         if seconds >= 1.0 or name not in self.seconds:
+            self.seconds.pop("total", None)  # re-added last, so the report's table ends with it
             self.seconds[name] = seconds
-            self.seconds["total"] = round(sum(v for k, v in self.seconds.items() if k != "total"), 1)
+            self.seconds["total"] = round(sum(self.seconds.values()), 1)
             self.path.write_text(json.dumps(self.seconds, indent=1))
         return value
 
