@@ -535,6 +535,7 @@ def test_a_forgery_that_fails_its_first_trial_is_still_named():
         findings, deceptive = robust_check(config, ref, cmp, judge.failing, None, [])
         assert deceptive is (named is not None)
         assert [f["kind"] for f in findings] == ([named] if named else [])
+        assert not named or "it passed nothing" in findings[0]["reason"]  # no earlier call to have passed
 
 
 def test_a_shortcut_on_a_degenerate_task_is_not_paid_and_an_honest_kernel_still_is():

@@ -207,6 +207,9 @@ def explain_mismatch(earlier: list[list[torch.Tensor]], expected: list[torch.Ten
             return DeceptiveKind.CACHED_OUTPUT, f"{where} returned the outputs of trial {j} for new input content"
     unwritten = _unwritten(expected, got, atol, rtol)
     if unwritten:
+        how = ("the earlier calls' correct values came from stale memory" if earlier else
+               "it passed nothing: its outputs are whatever memory held, which passes a check whose reference ran "
+               "just before in the same process")
         return DeceptiveKind.STALE_MEMORY, (f"{where}: {unwritten} output elements were never written (they hold "
-                                            "the poison left in freed memory; correct values came from stale memory)")
+                                            f"the poison left in freed memory; {how})")
     return None
