@@ -4,6 +4,7 @@ with one metrics curve, every step's rewards in SQLite, and a Hugging Face expor
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -72,6 +73,14 @@ sigkill_after_step = 2
     rewards = sqlite3.connect(out / "rewards.sqlite").execute(
         "SELECT step, COUNT(*) FROM rewards GROUP BY step").fetchall()
     assert rewards == [(0, 8), (1, 8), (2, 8)]
+    # each step's rollouts as the policy wrote them, joined to their rewards by candidate id
+    logged = [json.loads(line) for line in gzip.open(out / "rollouts" / "step-00002.rank0.jsonl.gz", "rt")]
+    paid = dict(sqlite3.connect(out / "rewards.sqlite").execute(
+        "SELECT candidate_id, reward FROM rewards WHERE step = 2").fetchall())
+    assert len(logged) == 8 and {r["candidate_id"]: r["reward"] for r in logged} == paid
+    assert all(r["tokens"] == 1 and r["candidate_id"].startswith("step2/") for r in logged)
+    assert {r["text"] for r in logged} <= {"", *_toy_tokenizer().get_vocab()}  # one token each (or a stop)
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == [f"step-0000{i}.rank0.jsonl.gz" for i in range(3)]
     state = json.loads((out / "checkpoints" / "step-00000003" / "train_state.json").read_text())
     assert state["curricula"]["e2e"]["position"] == 6  # 3 steps x 2 tasks: the curriculum went on where it stopped
     assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()

@@ -66,6 +66,9 @@ class RolloutConfig:
     # CUDA: decode through the compiled decoder (fused layer regions and flex over the KV cache in place, then CUDA
     # graphs: `SamplingConfig.compile`); the first step pays its compiles. Ignored on CPU
     compile: bool = False
+    # every step's rollouts (text, reward, candidate id) in <out_dir>/rollouts/step-NNNNN.rankR.jsonl.gz: what the
+    # policy wrote, to read and to score again (~1 KB a rollout gzipped)
+    save_texts: bool = True
 
     def __post_init__(self) -> None:
         if min(self.tasks_per_step, self.group, self.max_new_tokens, self.batch_rows, self.steps) < 1:

@@ -4,7 +4,11 @@ step) for TraceRL and becomes a harness candidate. Infilling candidates are pref
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dice_kernels.data.format import example_cut
@@ -98,3 +102,18 @@ def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTas
             release_graphs(model)
         model.train(was_training)
     return out
+
+
+def save_rollouts(path: Path, rollouts: list[Rollout], rewards: list[float]) -> None:
+    """One step's rollouts as gzipped JSON lines: task, sample, candidate id (its row in rewards.sqlite and the
+    harness's results), reward, whether it stopped, its token count and its text, so a run's samples can be read
+    and scored again (a DICE-reward run's rollouts under the robust check). A step redone after a resume replaces
+    its file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    with gzip.open(staging, "wt", encoding="utf-8") as f:
+        for r, reward in zip(rollouts, rewards, strict=True):
+            f.write(json.dumps({"task_id": r.task.id, "sample": r.sample, "candidate_id": r.candidate.id,
+                                "reward": reward, "stopped": r.stopped, "tokens": len(r.trajectory.tokens),
+                                "text": r.text}) + "\n")
+    os.replace(staging, path)

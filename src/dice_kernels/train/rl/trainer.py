@@ -24,7 +24,7 @@ from dice_kernels.train.rl.advantages import group_advantages
 from dice_kernels.train.rl.config import RLConfig, RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 from dice_kernels.train.rl.reward import RewardService
-from dice_kernels.train.rl.rollout import generate_rollouts
+from dice_kernels.train.rl.rollout import generate_rollouts, save_rollouts
 from dice_kernels.train.rl.tracerl import (ReplayBatch, Trajectory, denoising_rows, policy_loss, replay_batch,
                                            replay_length, row_of_scored, token_logprobs)
 
@@ -103,6 +103,7 @@ class RLStep:
         self.model, self.optimizer, self.tokenizer, self.rewards = model, optimizer, tokenizer, rewards
         self.rollout, self.update, self.grad_clip = rollout, update, grad_clip
         self.last_rollouts: list = []
+        self.last_rewards: list[float] = []  # this rank's rewards of last_rollouts
         self.attention, self.backend, self.dist, self.policy = attention, backend, dist, policy
         self.scheduler = scheduler  # stepped after every optimizer step (None: the optimizer's lr throughout)
         self.stop_ids, self.pad_id = list(stop_token_ids(tokenizer)), pad_token_id(tokenizer)
@@ -117,11 +118,12 @@ class RLStep:
         mine = tasks[self.dist.rank * share: (self.dist.rank + 1) * share]
         rollouts = self.rollouts(step, phase, mine)
         seconds["rollout"] = time.monotonic() - t0
-        self.last_rollouts = rollouts  # for inspection (benchmarks/rl_step.py)
+        self.last_rollouts = rollouts  # for inspection (benchmarks/rl_step.py) and the run's rollout log
         pairs = [(r.task.harness_task(), r.candidate) for r in rollouts]
         scored = _score_on_main(self.rewards, step, pairs, self.dist)
         first = self.dist.rank * share * self.rollout.group
         rewards = scored["rewards"][first: first + len(rollouts)]
+        self.last_rewards = rewards
         seconds["reward"] = scored["seconds"]
         # a task may come twice in one step (the curriculum wraps): groups are per position in the batch
         adv = group_advantages(rewards, [str(i // self.rollout.group) for i in range(len(rollouts))])
@@ -393,6 +395,9 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                 began, lr = time.perf_counter(), scheduler.get_last_lr()[0]
                 stats = step_fn(step, phase, curricula[phase].next_batch())
                 done = step + 1
+                if cfg.rollout.save_texts:  # step numbers as in the candidate ids and rewards.sqlite (0-based)
+                    save_rollouts(out / "rollouts" / f"step-{step:05d}.rank{dist.rank}.jsonl.gz",
+                                  step_fn.last_rollouts, step_fn.last_rewards)
                 values = {k: v for k, v in vars(stats).items() if k != "seconds"}
                 values.update({f"{k}_s": round(v, 3) for k, v in stats.seconds.items()},
                               step_s=time.perf_counter() - began, lr=lr,
