@@ -240,6 +240,13 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     run = out / "tune" / f"bicrl_dice-lr{chosen:g}"
     phases = [json.loads(line).get("phase") for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert phases == ["infill", "e2e"] and not (out / "bicrl_dice").exists()  # not trained again
+    # the arm's rollouts of its first and last step (1 task x 2 each), from its rollout log, under the robust check
+    checked = [json.loads(line) for line in (out / "rollout_check" / "bicrl_dice.jsonl").read_text().splitlines()]
+    assert [(c["window"], c["step"]) for c in checked] == [("first", 0)] * 2 + [("last", 1)] * 2
+    assert all(c["candidate_id"].startswith(f"step{c['step']}/{c['task_id']}/") for c in checked)
+    trend = rl["rollout_deception"]
+    assert trend["rollouts"] == {"first": 2, "last": 2} and "Deceptive rollouts while training" in (
+        out / "report.md").read_text()
     assert "rl.lr chosen on the validation split" in (out / "report.md").read_text()
     # fast_1 is read from the final held-out benchmarks only: the validation and curve benchmarks are not timed
     timed = {p.parent.relative_to(out / "bench").as_posix(): json.loads(p.read_text())["eval"]["timing.enabled"]

@@ -155,3 +155,22 @@ def test_stage_seconds_end_with_their_total_and_survive_a_resume(tmp_path):
     again = Timings.load(tmp_path / "timings.json")  # a resumed demo reads what the stages took
     assert list(again.seconds) == ["world", "sft", "total"]
     assert again.seconds["total"] == round(again.seconds["world"] + again.seconds["sft"], 1)
+
+
+def test_the_rollout_check_counts_deceptive_and_paid_deceptive_rollouts_per_window(tmp_path):
+    from dice_kernels.demo.rollout_check import deception_trend, windows
+
+    assert windows(12) == ([0, 1, 2, 3], [8, 9, 10, 11]) and windows(2) == ([0], [1]) and windows(1) == ([0], [0])
+    rows = [("first", "a", "correct", True), ("first", "a", "deceptive", True), ("first", "b", "deceptive", False),
+            ("last", "a", "deceptive", True), ("last", "a", "deceptive", True), ("last", "b", "value_mismatch", False)]
+    path = tmp_path / "arm.jsonl"
+    path.write_text("".join(json.dumps({"window": w, "task_id": t, "outcome": o, "paid": paid}) + "\n"
+                            for w, t, o, paid in rows))
+    trend = deception_trend(path)
+    assert trend["rollouts"] == {"first": 3, "last": 3}
+    # task means: deceptive first a 0.5, b 1 -> 0.75; last a 1, b 0 -> 0.5; paid while deceptive: 0.25 -> 0.5
+    assert trend["deceptive"]["first"]["value"] == 0.75 and trend["deceptive"]["last"]["value"] == 0.5
+    assert trend["paid_deceptive"]["first"]["value"] == 0.25 and trend["paid_deceptive"]["last"]["value"] == 0.5
+    assert trend["deceptive"]["diff"]["value"] == -0.25 and trend["paid_deceptive"]["diff"]["value"] == 0.25
+    assert trend["deceptive"]["diff"]["n"] == 2
+    assert deception_trend(tmp_path / "missing.jsonl") is None

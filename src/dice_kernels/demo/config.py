@@ -157,6 +157,11 @@ class DemoConfig:
         """The arm whose runs choose rl.lr (the first RL arm), or None without rl.lr_grid."""
         return self.arms[1] if self.rl.lr_grid else None
 
+    def rl_phases(self, arm: str) -> list[str]:
+        """The phase of each RL step of an arm (0-based): BiC-RL's infilling steps, then the end-to-end ones."""
+        infill = self.rl.infill_steps if ARMS[arm].phase == "schedule" else 0
+        return ["infill"] * infill + ["e2e"] * self.rl.e2e_steps
+
     def rl_dir(self, arm: str) -> Path:
         """An arm's RL run folder: <out>/<arm>, or for the tuned arm its run at rl.lr (<out>/tune/<arm>-lr<rate>),
         so the tuning run at the chosen rate is the arm itself, not trained again."""

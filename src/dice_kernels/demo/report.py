@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dice_kernels.demo.config import ARMS, DemoConfig
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
+from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
 
 # per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, and what a check without
@@ -162,9 +163,8 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
     for run in sorted(bench.glob("heldout-step-*")):
         curve.append((int(run.name.rsplit("-", 1)[1]), bench_scores(run)))
     if ARMS[arm].phase:  # the final checkpoint closes the curve
-        r = cfg.rl
-        curve.append((r.e2e_steps + (r.infill_steps if ARMS[arm].phase == "schedule" else 0),
-                      bench_scores(bench / "heldout")))
+        curve.append((len(cfg.rl_phases(arm)), bench_scores(bench / "heldout")))
+        row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed)
         row["rl"] = rl_effort(cfg.rl_dir(arm))
         row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
     row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
@@ -332,6 +332,19 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
         for a, t in trends.items():
             lines.append(f"| {rows[a]['title']} | {t['a']} | {t['b']} | {t['n']} | {points(t['diff'])} | "
                          f"{t['verdict']} |")
+    cheats = {a: row["rollout_deception"] for a, row in rows.items() if row.get("rollout_deception")}
+    if cheats:
+        lines += ["", "## Deceptive rollouts while training: the robust check on each arm's first and last third of "
+                  "RL steps (%, 95 % intervals; last − first paired over the tasks drawn in both)", "",
+                  "| arm | reward | rollouts | deceptive, first | last | last − first | paid while deceptive, first | "
+                  "last | last − first |", "|---|---|---|---|---|---|---|---|---|"]
+        for a, t in cheats.items():
+            cells = []
+            for key in ("deceptive", "paid_deceptive"):
+                d = t[key].get("diff")
+                cells += [_pct(t[key]["first"]), _pct(t[key]["last"]), f"{points(d)} ({d['verdict']})" if d else "–"]
+            lines.append(f"| {rows[a]['title']} | {rewards_title(a)} | {t['rollouts']['first']} + "
+                         f"{t['rollouts']['last']} | " + " | ".join(cells) + " |")
     if tuned:
         lines += ["", f"## rl.lr chosen on the validation split ({ARMS[cfg.tuned_arm()].title}; held-out not used)",
                   "", "| rl.lr | validation tasks | validation Exec | − SFT (paired) | |", "|---|---|---|---|---|"]

@@ -1,6 +1,7 @@
 """`dice demo`: the recipe end to end at small scale, through the project's own stages. Build the world and its
 tokenizer, SFT a randomly initialised block-diffusion model (train/sft/), then the configured RL arms from that
-checkpoint (train/rl/: end-to-end RL or BiC-RL, each with DICE's reward or ours); benchmark every arm on the
+checkpoint (train/rl/: end-to-end RL or BiC-RL, each with DICE's reward or ours), score each arm's early and late
+rollouts with the robust check (demo/rollout_check.py); benchmark every arm on the
 held-out instances of trained families and on never-trained families (bench/run.py, always with the robust check),
 each RL export on the held-out set (the learning curve), and write one report with intervals and paired
 differences (demo/report.py). Each stage leaves its outputs in its own folder and is skipped when they exist, so an
@@ -17,6 +18,7 @@ from typing import Callable
 
 from dice_kernels.demo.config import ARMS, DemoConfig
 from dice_kernels.demo.prompt_reading import stage_operator_copy
+from dice_kernels.demo.rollout_check import stage_rollout_check
 from dice_kernels.demo.world import WorldFiles, build_world, write_world
 
 
@@ -221,8 +223,7 @@ def bench_arm(cfg: DemoConfig, timings: Timings, files: WorldFiles, arm: str, ch
     timings.run(f"bench {arm}", stage_bench, cfg, files, checkpoint, files.heldout_tasks, bench / "heldout")
     if cfg.world.n_novel:
         timings.run(f"bench {arm} novel", stage_bench, cfg, files, checkpoint, files.novel_tasks, bench / "novel")
-    spec, r = ARMS[arm], cfg.rl
-    last = r.e2e_steps + (r.infill_steps if spec.phase == "schedule" else 0)
+    last = len(cfg.rl_phases(arm))
     for export in sorted((cfg.rl_dir(arm) / "export").glob("step-*")):
         if int(export.name.split("-")[1]) >= last:  # the final checkpoint, benchmarked above
             continue
@@ -286,6 +287,7 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
         if arm != "sft":
             echo(f"RL ({ARMS[arm].title}) -> {cfg.out / arm}")
             checkpoint = timings.run(arm, stage_rl, cfg, files, sft, arm)
+            timings.run(f"rollout check {arm}", stage_rollout_check, cfg, files, arm)
         echo(f"bench ({ARMS[arm].title}) -> {cfg.out / 'bench' / arm}")
         bench_arm(cfg, timings, files, arm, checkpoint)
         report = write_report(cfg, timings.seconds, [dataclasses.asdict(g) for g in gaps])

@@ -1,0 +1,96 @@
+"""The robust check on an RL arm's own rollouts: those of the first and the last third of its steps (the run's
+rollout log) scored again with the robust reward's harness settings, so the report can say how the share of
+deceptive rollouts, and of deceptive rollouts the arm's reward paid, moved while it trained. DICE's reward pays a
+cheat whose outputs match; ours never does. Verdicts the runs already reached are reused, so a robust-reward arm
+costs nothing to check again."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+from dice_kernels.demo.config import ARMS, DemoConfig
+from dice_kernels.demo.stats import Scores, paired_difference, rate_interval
+from dice_kernels.demo.world import WorldFiles
+
+
+def windows(steps: int) -> tuple[list[int], list[int]]:
+    """The first and the last third of `steps` RL steps (at least one step each), as train_reward_trend takes them."""
+    width = max(1, steps // 3)
+    return list(range(width)), list(range(max(0, steps - width), steps))
+
+
+def check_file(cfg: DemoConfig, arm: str) -> Path:
+    return cfg.out / "rollout_check" / f"{arm}.jsonl"
+
+
+def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path:
+    """Score the arm's first- and last-third rollouts with the robust check; one JSON line per rollout (window,
+    step, task, whether the arm's reward paid it, outcome under the robust check) in `check_file`."""
+    from dice_kernels.harness import Evaluator
+    from dice_kernels.train.rl.curriculum import load_task_set
+    from dice_kernels.train.rl.reward import RewardConfig
+    from dice_kernels.train.rl.rollout import response_candidate
+
+    out = check_file(cfg, arm)
+    if out.is_file():
+        return out
+    phases = cfg.rl_phases(arm)
+    sets = {"infill": files.rl_infill, "e2e": files.rl_e2e}
+    tasks = {p: {t.id: t for t in load_task_set(str(sets[p]), p)} for p in set(phases)}
+    rows, pairs = [], []
+    for window, steps in zip(("first", "last"), windows(len(phases))):
+        for step in steps:
+            log = cfg.rl_dir(arm) / "rollouts" / f"step-{step:05d}.rank0.jsonl.gz"
+            with gzip.open(log, "rt", encoding="utf-8") as f:
+                for line in f:
+                    r = json.loads(line)
+                    task = tasks[phases[step]][r["task_id"]]
+                    pairs.append((task.harness_task(), response_candidate(task, phases[step], r["text"],
+                                                                         f"{window}/{r['candidate_id']}")))
+                    rows.append({"window": window, "step": step, "task_id": r["task_id"],
+                                 "candidate_id": r["candidate_id"], "paid": r["reward"] > 0})
+    # the robust reward exactly as the robust arms were paid, so their verdicts are found, not run again
+    robust = RewardConfig(backend=cfg.backend, trials=cfg.rl.trials).eval_config()
+    with Evaluator(robust) as evaluator:
+        results = evaluator.evaluate(pairs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_suffix(".partial")
+    staging.write_text("".join(json.dumps(row | {"outcome": r.outcome.value, "deceptive_kind": r.deceptive_kind})
+                               + "\n" for row, r in zip(rows, results)))
+    staging.replace(out)
+    return out
+
+
+def deception_trend(path: Path, seed: int = 0) -> dict | None:
+    """From a rollout check: the share of rollouts the robust check calls deceptive, and of those the arm's reward
+    paid, in the first and the last third of the steps (intervals over tasks), and last − first paired over the
+    tasks drawn in both (None before the check ran)."""
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+
+    def scores(window: str, paid: bool) -> Scores:
+        out: Scores = {}
+        for r in rows:
+            if r["window"] == window:
+                cheat = r["outcome"] == "deceptive" and (r["paid"] or not paid)
+                out.setdefault(r["task_id"], []).append(float(cheat))
+        return out
+
+    trend: dict = {"rollouts": {w: sum(r["window"] == w for r in rows) for w in ("first", "last")}}
+    for key, paid in (("deceptive", False), ("paid_deceptive", True)):
+        first, last = scores("first", paid), scores("last", paid)
+        if not first or not last:
+            return None
+        trend[key] = {w: dataclasses.asdict(rate_interval(s, seed=seed)) for w, s in (("first", first), ("last", last))}
+        if set(first) & set(last):
+            diff = paired_difference(last, first, ("last third", "first third"), seed=seed)
+            trend[key]["diff"] = dataclasses.asdict(diff.diff) | {"n": diff.n, "verdict": diff.verdict}
+    return trend
+
+
+def rewards_title(arm: str) -> str:
+    return "DICE's (pays matching outputs)" if ARMS[arm].rule == "dice" else "ours (robust check)"
