@@ -26,9 +26,10 @@ def check_file(cfg: DemoConfig, arm: str) -> Path:
     return cfg.out / "rollout_check" / f"{arm}.jsonl"
 
 
-def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path:
+def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path | None:
     """Score the arm's first- and last-third rollouts with the robust check; one JSON line per rollout (window,
-    step, task, whether the arm's reward paid it, outcome under the robust check) in `check_file`."""
+    step, task, whether the arm's reward paid it, outcome under the robust check) in `check_file`. None when the
+    arm's run kept no rollout log (trained before runs kept one): the report then has no row for it."""
     from dice_kernels.harness import Evaluator
     from dice_kernels.train.rl.curriculum import load_task_set
     from dice_kernels.train.rl.reward import RewardConfig
@@ -38,13 +39,16 @@ def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path:
     if out.is_file():
         return out
     phases = cfg.rl_phases(arm)
+    logs = {step: cfg.rl_dir(arm) / "rollouts" / f"step-{step:05d}.rank0.jsonl.gz"
+            for steps in windows(len(phases)) for step in steps}
+    if not all(log.is_file() for log in logs.values()):
+        return None
     sets = {"infill": files.rl_infill, "e2e": files.rl_e2e}
     tasks = {p: {t.id: t for t in load_task_set(str(sets[p]), p)} for p in set(phases)}
     rows, pairs = [], []
     for window, steps in zip(("first", "last"), windows(len(phases))):
         for step in steps:
-            log = cfg.rl_dir(arm) / "rollouts" / f"step-{step:05d}.rank0.jsonl.gz"
-            with gzip.open(log, "rt", encoding="utf-8") as f:
+            with gzip.open(logs[step], "rt", encoding="utf-8") as f:
                 for line in f:
                     r = json.loads(line)
                     task = tasks[phases[step]][r["task_id"]]
