@@ -1,4 +1,4 @@
-"""harness/verdicts.py through the Evaluator: with `reuse_verdicts`, a program evaluated in an earlier run gets that
+"""harness/store.py's verdict cache through the Evaluator: with `reuse_verdicts`, a program evaluated in an earlier run gets that
 verdict without running (in a new evaluator, under another candidate id); another setting, or the option off,
 evaluates it again."""
 

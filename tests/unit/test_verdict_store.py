@@ -1,11 +1,11 @@
-"""harness/verdicts.py on its own: a kept verdict reads back whole; outcomes that depend on the moment are not kept;
+"""harness/store.py's verdict cache on its own: a kept verdict reads back whole; outcomes that depend on the moment are not kept;
 the key follows the task, the program and the settings that decide verdicts, not the scheduling ones."""
 
 from __future__ import annotations
 
 from dice_kernels.harness import EvalConfig, candidate_from_text
 from dice_kernels.harness.outcomes import EvalResult, Outcome
-from dice_kernels.harness.verdicts import VerdictCache, reused, verdict_key
+from dice_kernels.harness.store import VerdictCache, reused, verdict_key
 from dice_kernels.tasks import task_from_code
 
 TASK = task_from_code("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"

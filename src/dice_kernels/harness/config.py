@@ -305,7 +305,7 @@ class EvalConfig:
     # the build cache, shared across runs; baselines.sqlite and the machine's ceilings live beside the builds
     cache_dir: Path = field(default_factory=default_cache_dir)
     # give a program evaluated before (same task, syntax tree, settings, machine, torch and harness) that earlier
-    # verdict, timing included, instead of running it again (harness/verdicts.py, in cache_dir): RL steps and a
+    # verdict, timing included, instead of running it again (harness/store.py's VerdictCache, in cache_dir): RL steps and a
     # demo's arms meet the same programs again and again. Off: every call measures afresh
     reuse_verdicts: bool = False
     timing: TimingConfig = field(default_factory=TimingConfig)

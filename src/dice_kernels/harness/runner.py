@@ -30,8 +30,7 @@ from dice_kernels.harness.progress import QUEUED, Progress
 from dice_kernels.harness.process.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
-from dice_kernels.harness.store import ResultStore
-from dice_kernels.harness.verdicts import VerdictCache, harness_source, reused, verdict_key
+from dice_kernels.harness.store import ResultStore, VerdictCache, harness_source, reused, verdict_key
 from dice_kernels.harness.timing.loop import tensor_bytes
 from dice_kernels.harness.process.pool import Workers
 from dice_kernels.tasks import Task
