@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dice_kernels.harness import EvalConfig, candidate_from_text
 from dice_kernels.harness.outcomes import EvalResult, Outcome
-from dice_kernels.harness.store import VerdictCache, reused, verdict_key
+from dice_kernels.harness.store import VerdictCache, reused, verdict_context, verdict_key
 from dice_kernels.tasks import task_from_code
 
 TASK = task_from_code("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
@@ -34,11 +34,14 @@ def test_a_kept_verdict_reads_back_under_the_new_names(tmp_path):
 def test_the_key_follows_what_decides_a_verdict():
     cand = candidate_from_text(PROGRAM, id="a")
     settings = EvalConfig(backend="cpu").settings()
-    key = verdict_key(TASK, cand, settings, PLATFORM, "1")
+
+    def key(c=cand, settings=settings, platform=PLATFORM, harness="1") -> str:
+        return verdict_key(TASK, c, verdict_context(settings, platform, harness))
+
     spaced = candidate_from_text(PROGRAM.replace("pass", "pass  # same tree"), id="b")
-    assert verdict_key(TASK, spaced, settings, PLATFORM, "1") == key  # another id, a comment: the same program
+    assert key(spaced) == key()  # another id, a comment: the same program
     scheduling = EvalConfig(backend="cpu", cache_dir="/elsewhere", reuse_verdicts=True).settings()
-    assert verdict_key(TASK, cand, scheduling, PLATFORM, "1") == key
-    assert verdict_key(TASK, cand, EvalConfig(backend="cpu", trials=2).settings(), PLATFORM, "1") != key
-    assert verdict_key(TASK, cand, settings, {**PLATFORM, "hardware": "y"}, "1") != key
-    assert verdict_key(TASK, cand, settings, PLATFORM, "2") != key
+    assert key(settings=scheduling) == key()
+    assert key(settings=EvalConfig(backend="cpu", trials=2).settings()) != key()
+    assert key(platform={**PLATFORM, "hardware": "y"}) != key()
+    assert key(harness="2") != key()

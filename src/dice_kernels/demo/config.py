@@ -157,6 +157,14 @@ class DemoConfig:
         """The arm whose runs choose rl.lr (the first RL arm), or None without rl.lr_grid."""
         return self.arms[1] if self.rl.lr_grid else None
 
+    def reward(self, rule: str = "robust", speed: bool = False):
+        """The RL reward (train/rl/reward.py's RewardConfig) of an arm paid by `rule`, with the speed bonus if
+        `speed`: one place, so the rollout check scores with exactly the robust arms' settings."""
+        from dice_kernels.train.rl.reward import RewardConfig
+
+        return RewardConfig(backend=self.backend, trials=self.rl.trials, rule=rule,
+                            speed_bonus=self.rl.speed_bonus if speed else 0.0)
+
     def rl_phases(self, arm: str) -> list[str]:
         """The phase of each RL step of an arm (0-based): BiC-RL's infilling steps, then the end-to-end ones."""
         infill = self.rl.infill_steps if ARMS[arm].phase == "schedule" else 0

@@ -32,7 +32,6 @@ def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path | 
     arm's run kept no rollout log (trained before runs kept one): the report then has no row for it."""
     from dice_kernels.harness import Evaluator
     from dice_kernels.train.rl.curriculum import load_task_set
-    from dice_kernels.train.rl.reward import RewardConfig
     from dice_kernels.train.rl.rollout import response_candidate
 
     out = check_file(cfg, arm)
@@ -57,8 +56,7 @@ def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path | 
                     rows.append({"window": window, "step": step, "task_id": r["task_id"],
                                  "candidate_id": r["candidate_id"], "paid": r["reward"] > 0})
     # the robust reward exactly as the robust arms were paid, so their verdicts are found, not run again
-    robust = RewardConfig(backend=cfg.backend, trials=cfg.rl.trials).eval_config()
-    with Evaluator(robust) as evaluator:
+    with Evaluator(cfg.reward().eval_config()) as evaluator:
         results = evaluator.evaluate(pairs)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.with_suffix(".partial")

@@ -178,7 +178,6 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
     """One RL arm from the SFT checkpoint into cfg.rl_dir(arm): end-to-end RL only, or the infilling phase first,
     then the same end-to-end steps (DICE's schedule); rewarded by DICE's rule or ours (demo/config.py's ARMS)."""
     from dice_kernels.train.config import CheckpointConfig, MetricsConfig, ModelSection
-    from dice_kernels.train.rl.reward import RewardConfig
     from dice_kernels.train.rl.config import RLConfig, RLLoopConfig, RLTasksConfig
     from dice_kernels.train.rl.trainer import run_rl
 
@@ -195,8 +194,7 @@ def stage_rl(cfg: DemoConfig, files: WorldFiles, start: Path, arm: str) -> Path:
         # mixed order: a handful of steps taken in level order would only ever see single operators
         tasks=RLTasksConfig(infill=str(files.rl_infill), e2e=str(files.rl_e2e), order="mixed", seed=cfg.world.seed),
         rl=loop, rollout=rollout, update=update,
-        reward=RewardConfig(backend=cfg.backend, trials=r.trials, rule=spec.rule,
-                            speed_bonus=r.speed_bonus if spec.speed else 0.0),
+        reward=cfg.reward(spec.rule, spec.speed),
         optim=optim,
         # a resumable state after every step: a step costs a round of builds, a save a fraction of a second
         checkpoint=CheckpointConfig(every_steps=1, keep=1, export_dtype="float32", export_every_steps=r.export_every),

@@ -30,7 +30,8 @@ from dice_kernels.harness.progress import QUEUED, Progress
 from dice_kernels.harness.process.protocol import CandidatePart, RunJob
 from dice_kernels.harness.references import (BatchReferences, Deferred, Reference, ReferenceRunner,
                                              common_run_fields, output_budget_bytes)
-from dice_kernels.harness.store import ResultStore, VerdictCache, harness_source, reused, verdict_key
+from dice_kernels.harness.store import (ResultStore, VerdictCache, harness_source, reused, verdict_context,
+                                       verdict_key)
 from dice_kernels.harness.timing.loop import tensor_bytes
 from dice_kernels.harness.process.pool import Workers
 from dice_kernels.tasks import Task
@@ -115,11 +116,8 @@ class Evaluator:
                   verdicts: VerdictCache | None = None) -> list[EvalResult]:
         config, plat = self.config, self.platform
         settings = config.settings()
-
-        def key_of(i: int) -> str:
-            return verdict_key(pairs[i][0], pairs[i][1], settings, plat.__dict__, harness_source())
         if store:
-            store.set_meta("config", {k: str(v) for k, v in config.settings().items()})
+            store.set_meta("config", {k: str(v) for k, v in settings.items()})
             store.set_meta("platform", plat.__dict__)
         done = store.finished() if store and resume else {}
         results: list[EvalResult | None] = [None] * len(pairs)
@@ -139,6 +137,8 @@ class Evaluator:
         first_of: dict[tuple[str, str], int] = {}  # dedupe key -> index evaluated for it
         duplicates: dict[int, list[int]] = {}
         given: dict[int, EvalResult] = {}  # index -> the verdict an earlier run reached for its program
+        verdict_keys: dict[int, str] = {}  # index -> its key in `verdicts`
+        context = verdict_context(settings, plat.__dict__, harness_source()) if verdicts else ""
         for i, (task, cand) in enumerate(pairs):
             key = (task.id, cand.id, cand.sha256)
             if key in done:
@@ -149,8 +149,10 @@ class Evaluator:
                 duplicates.setdefault(first_of[k], []).append(i)
             else:
                 first_of[k] = i
-                if verdicts and (earlier := verdicts.get(key_of(i))):
-                    given[i] = earlier
+                if verdicts:
+                    verdict_keys[i] = verdict_key(task, cand, context)
+                    if earlier := verdicts.get(verdict_keys[i]):
+                        given[i] = earlier
         for i, earlier in given.items():  # verdicts reached before: nothing runs for them or their duplicates
             for j in (i, *duplicates.pop(i, [])):
                 record(j, reused(earlier, *pairs[j]))
@@ -196,7 +198,7 @@ class Evaluator:
             r.wall_s = time.monotonic() - start + (b.wall_s if b is not None else 0.0)  # its build, then the rest
             record(i, r)
             if verdicts:
-                verdicts.put(key_of(i), r)
+                verdicts.put(verdict_keys[i], r)
             for j in duplicates.get(i, []):
                 dup = pairs[j][1]
                 # the work was done once, for the row above: its seconds are not counted twice

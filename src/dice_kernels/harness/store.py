@@ -153,15 +153,18 @@ def harness_source() -> str:
     return digest.hexdigest()
 
 
-def verdict_key(task: Task, cand: Candidate, settings: dict[str, object], platform: dict[str, object],
-                harness: str) -> str:
-    """What a verdict depends on, hashed: the same task code, the same program, the settings that decide verdicts
-    (all but config.SCHEDULING, as `--resume` compares them) on the same machine, torch and harness code
-    (`harness`: harness_source())."""
-    decided_by = [task.sha256, cand.program_sha256, harness,
-                  {k: str(v) for k, v in sorted(settings.items()) if k not in SCHEDULING},
+def verdict_context(settings: dict[str, object], platform: dict[str, object], harness: str) -> str:
+    """The part of a verdict's key one batch shares: the settings that decide verdicts (all but config.SCHEDULING,
+    as `--resume` compares them), the machine and torch (`platform`) and the harness's code (`harness`:
+    harness_source()), hashed."""
+    decided_by = [harness, {k: str(v) for k, v in sorted(settings.items()) if k not in SCHEDULING},
                   {k: str(v) for k, v in sorted(platform.items())}]
     return hashlib.sha256(json.dumps(decided_by).encode()).hexdigest()
+
+
+def verdict_key(task: Task, cand: Candidate, context: str) -> str:
+    """What a verdict depends on: the same task code and the same program under the same `verdict_context`."""
+    return hashlib.sha256(f"{context}:{task.sha256}:{cand.program_sha256}".encode()).hexdigest()
 
 
 class VerdictCache:
