@@ -306,3 +306,25 @@ def test_compiled_layers_in_cuda_graphs_decode_like_eager():
     eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False}), NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
     assert decode(model, prompts, cfg, NO_STOP).tokens == eager.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_sampling_of_rl_rollout_shapes_runs():
+    """An RL step's rollouts at SDAR-1.7B's attention shape (16 query heads over 8 kv heads of 128): 128 rows of
+    KernelBench-length prompts, 256 sampled tokens each, compiled. With a 1,284-slot cache (prompts up to 926 tokens,
+    a cache ending inside a flex block) inductor's flex-decoding kernel failed every autotuned config with an
+    illegal memory access on an H100; the cache now holds whole flex blocks."""
+    from dice_kernels.model import BlockDiffusionLM, ModelConfig
+
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, mask_token_id=1023)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = BlockDiffusionLM(cfg).to(torch.bfloat16).eval()
+    lengths = (790, 795, 803, 804, 807, 809, 811, 818, 821, 838, 845, 848, 854, 875, 926, 926)
+    prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate(lengths) for _ in range(8)]
+    sampling = SamplingConfig(max_new_tokens=256, strategy="dynamic", temperature=1.0, seed=0, compile=True)
+    out = decode(model, prompts, sampling, NO_STOP)
+    assert [len(t) for t in out.tokens] == [256] * 128
+    assert decoder._WORKSPACES[model].forward.cache.k.shape[3] % attention.FLEX_BLOCK == 0

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from dice_kernels.config_io import ConfigError
-from dice_kernels.model.attention import (Attention, KVCache, Layout, block_diffusion_mask_mod, cached_block_mask,
-                                          dense_mask)
+from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, block_diffusion_mask_mod,
+                                          cached_block_mask, dense_mask)
 from dice_kernels.model.transformer import BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
 
@@ -138,8 +138,11 @@ class _CachedForward:
         # each forward's logits are used up before the next forward.
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] | None = {} if graphs and seq.is_cuda else None
         self.pool, self.logits, self.warmed = None, None, False
-        self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, seq.shape[1] + block,
-                             cfg.head_dim, next(model.parameters()).dtype, seq.device)
+        # whole flex blocks: inductor's flex-decoding kernel failed every autotuned config (illegal memory access)
+        # over a 1,284-slot cache on an H100, the rollouts of 16 KernelBench prompts with 256 new tokens
+        slots = -(-(seq.shape[1] + block) // FLEX_BLOCK) * FLEX_BLOCK
+        self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, slots, cfg.head_dim,
+                             next(model.parameters()).dtype, seq.device)
 
     def prefill(self, state: _State) -> None:
         """Write the K/V of every row's prompt up to the furthest row's first decode block."""
