@@ -328,3 +328,26 @@ def test_compiled_sampling_of_rl_rollout_shapes_runs():
     out = decode(model, prompts, sampling, NO_STOP)
     assert [len(t) for t in out.tokens] == [256] * 128
     assert decoder._WORKSPACES[model].forward.cache.k.shape[3] % attention.FLEX_BLOCK == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_whose_response_ended_takes_the_next_waiting_prompt(model64, temperature):
+    """`rows=2` over six prompts: a row freed by a stop token takes the next prompt (its prompt prefilled into that
+    row's cache) while the other row goes on. Greedy, each prompt gets what it gets in one batch of six, trajectory
+    and tail included; sampled, the responses come back in prompt order with their own stops. Either way it takes
+    fewer forwards than two-prompt batches one after another, which wait for their longest response."""
+    prompts = PROMPTS + [[30, 31, 32, 33, 34], [40, 41]]
+    stops = [253, 300, 57]  # the first, third and fourth prompts' greedy responses hit one within 4 tokens
+    cfg = SamplingConfig(max_new_tokens=24, steps=2, temperature=temperature, seed=3)
+    refilled = decode(model64, prompts, cfg, stops, rows=2)
+    chunks = [decode(model64, prompts[i: i + 2], cfg, stops) for i in range(0, 6, 2)]
+    assert refilled.forwards < sum(c.forwards for c in chunks)
+    for i, tokens in enumerate(refilled.tokens):
+        assert refilled.stopped[i] == (tokens[-1] in stops) and len(tokens) <= 24
+        assert len(refilled.unmask_steps[i]) == len(tokens)
+    if temperature == 0:
+        together = decode(model64, prompts, cfg, stops)
+        assert sum(together.stopped) >= 3
+        for field_ in ("tokens", "unmask_steps", "stopped", "tail_tokens", "tail_steps"):
+            assert getattr(refilled, field_) == getattr(together, field_), field_
+        assert refilled.tokens == [t for c in chunks for t in c.tokens]

@@ -115,6 +115,12 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
+    def row(self, row: int) -> KVCache:
+        """Batch row `row`'s cache as a batch of one: a view, so writes land in this cache."""
+        view = object.__new__(KVCache)
+        view.k, view.v = self.k[:, row: row + 1], self.v[:, row: row + 1]
+        return view
+
     def span(self, needed: int) -> int:
         """How many slots to attend over to cover [0, needed): rounded up to a multiple of 16, which SDPA's
         memory-efficient kernel wants for its mask (else it pads a copy every call), capped at capacity. The extra

@@ -22,7 +22,7 @@ from torch import Tensor
 from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, block_diffusion_mask_mod,
                                           cached_block_mask, dense_mask)
-from dice_kernels.model.transformer import BlockDiffusionLM, compiled_ops
+from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
 
 # A CUDA graph fixes every shape, so forwards attend over a span of cache slots rounded up to a multiple of this
@@ -94,12 +94,12 @@ class _State:
     done: Tensor  # [B] bool
 
 
-def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: int, device: torch.device) -> _State:
+def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: int, device: torch.device,
+                   longest: int) -> _State:
+    """The rows' state for `prompts`, with room for a prompt of `longest` tokens (a later one may take a row)."""
     lengths = torch.tensor([len(p) for p in prompts], device=device)
-    if (lengths == 0).any():
-        raise ValueError("every prompt needs at least one token")
     # positions past a row's limit stay masked and unread; the rounding only makes shapes recur across calls
-    total = -(-(int(lengths.max()) + max_new) // SPAN_STEP) * SPAN_STEP
+    total = -(-(longest + max_new) // SPAN_STEP) * SPAN_STEP
     total = -(-total // block) * block
     seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
@@ -109,6 +109,20 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
                   masked_at_start=start + block - lengths, commit=zeros.bool(), done=zeros.bool())
+
+
+def _refill_row(state: _State, row: int, prompt: list[int], block: int, mask_id: int) -> int:
+    """Give `row` a new prompt, in place (graphs read the state's tensors at fixed addresses), as `_initial_state`
+    would have; returns its first decode block's position, the prompt's slots to prefill."""
+    start = len(prompt) // block * block
+    state.seq[row].fill_(mask_id)
+    state.seq[row, : len(prompt)] = torch.tensor(prompt, device=state.seq.device)
+    state.unmask_step[row].fill_(-1)
+    for field_, value in ((state.prompt_len, len(prompt)), (state.start, start), (state.step, 0),
+                          (state.masked_at_start, start + block - len(prompt)), (state.commit, False),
+                          (state.done, False)):
+        field_[row] = value
+    return start
 
 
 class _CachedForward:
@@ -155,6 +169,18 @@ class _CachedForward:
             layout = Layout.clean(pos)
             mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *ids.shape, prefill, seq.device)
             self.model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
+
+    def prefill_row(self, state: _State, row: int, length: int) -> None:
+        """Write the K/V of `row`'s new prompt up to its first decode block (`length` slots) into that row's cache.
+        Its slots past that hold the previous response's K/V: later blocks, hidden until its own overwrite them.
+        Eager layer ops: a compiled region would compile once per prompt length."""
+        if length:
+            ids = state.seq[row: row + 1, :length]
+            pos = torch.arange(length, device=ids.device)[None]
+            layout = Layout.clean(pos)
+            mask = dense_mask(block_diffusion_mask_mod(layout, layout, self.block), 1, length, length, ids.device)
+            with self.model.using_layer_ops(EAGER_OPS):
+                self.model.hidden_states(ids, pos, Attention(mask, self.cache.row(row), pos, length))
 
     def __call__(self, state: _State, any_commit: bool, kv_len: int) -> None:
         """One decoding step: the forward, then `denoise`; `kv_len`: cache slots the furthest row needs."""
@@ -349,21 +375,28 @@ def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg:
 
 
 @torch.inference_mode()
-def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfig, stop_ids: list[int]) -> Decoded:
-    """Generate after each prompt (token ids, any lengths) until a stop token or `max_new_tokens`."""
+def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfig, stop_ids: list[int],
+           rows: int | None = None) -> Decoded:
+    """Generate after each prompt (token ids, any lengths) until a stop token or `max_new_tokens`. `rows`: decode at
+    most this many prompts at once; a row whose response has ended takes the next waiting prompt, so the batch does
+    not wait for its longest response. Results come in prompt order either way."""
     device = next(model.parameters()).device
     block, mask_id = cfg.block_size or model.config.block_size, model.config.mask_token_id
     if mask_id is None:
         raise ValueError("the checkpoint defines no mask token: set mask_token_id in its config.json")
-    state = _initial_state(prompts, block, cfg.max_new_tokens, mask_id, device)
+    if not prompts or min(len(p) for p in prompts) == 0:
+        raise ValueError("every prompt needs at least one token")
+    width = min(rows or len(prompts), len(prompts))
+    state = _initial_state(prompts[:width], block, cfg.max_new_tokens, mask_id, device, max(map(len, prompts)))
     ops = compiled_ops() if _compiles(cfg, device) else model.layer_ops
     with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
-        return _decode(model, state, cfg, stop_ids, block, mask_id)
+        return _decode(model, state, cfg, stop_ids, block, mask_id, prompts)
 
 
 def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_ids: list[int], block: int,
-            mask_id: int) -> Decoded:
-    """The forwards of one `decode` call, with the model's layer ops already chosen."""
+            mask_id: int, prompts: list[list[int]]) -> Decoded:
+    """The forwards of one `decode` call, with the model's layer ops already chosen; the state holds the first
+    prompts, and a row that is done takes the next waiting one."""
     device = state.seq.device
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     cached = None
@@ -377,12 +410,21 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
     advance = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops)
     if cached is not None:
         cached.propose, cached.advance = propose, advance
-    max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps
+    width = state.seq.shape[0]
+    rows = _Rows(prompts, holds=list(range(width)), results=[None] * len(prompts), next_prompt=width,
+                 stop_set=set(stop_ids))
+    max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps * -(-len(prompts) // width)
     forwards = 0
     while True:
-        # The one host sync per forward: the loop condition and the shapes of the next forward.
-        all_done, any_commit, furthest = torch.stack(
-            [state.done.all(), state.commit.any(), state.start.max()]).tolist()
+        # The one host sync per forward: the loop condition and the shapes of the next forward (with prompts
+        # waiting, also which rows are done).
+        flags = torch.stack([state.done.all(), state.commit.any(), state.start.max()])
+        if rows.waiting:
+            flags = torch.cat([flags, state.done.long()])
+        all_done, any_commit, furthest, *done = flags.tolist()
+        if any(done) and rows.refill(state, done, cached, cfg.max_new_tokens, block, mask_id):
+            all_done, any_commit, furthest = torch.stack(
+                [state.done.all(), state.commit.any(), state.start.max()]).tolist()
         if all_done:
             break
         if forwards == max_forwards:
@@ -393,21 +435,72 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
         else:
             advance(*propose(_uncached_forward(model, state, block, kv_len)))
         forwards += 1
-    return _collect(state, cfg.max_new_tokens, stops, forwards, block)
+    return rows.collect(state, cfg.max_new_tokens, block, forwards)
 
 
-def _collect(state: _State, max_new: int, stops: Tensor, forwards: int, block: int) -> Decoded:
-    out = Decoded(tokens=[], unmask_steps=[], stopped=[], forwards=forwards)
-    seq, steps, lengths = state.seq.tolist(), state.unmask_step.tolist(), state.prompt_len.tolist()
-    stop_set = set(stops.tolist())
-    for row, n in enumerate(lengths):
-        ids = seq[row][n: n + max_new]
-        end = next((i + 1 for i, t in enumerate(ids) if t in stop_set), None)
-        out.stopped.append(end is not None)
-        out.tokens.append(ids[:end])
-        cut = n + len(out.tokens[-1])
-        out.unmask_steps.append(steps[row][n: cut])
-        block_end = -(-cut // block) * block  # that block finished whole: every position in it was unmasked
-        out.tail_tokens.append(seq[row][cut: block_end])
-        out.tail_steps.append(steps[row][cut: block_end])
-    return out
+@dataclass
+class _Response:
+    """One prompt's part of `Decoded`."""
+
+    tokens: list[int]
+    unmask_steps: list[int]
+    stopped: bool
+    tail_tokens: list[int]
+    tail_steps: list[int]
+
+
+@dataclass
+class _Rows:
+    """Which prompt each row decodes, the responses collected so far, and the prompts still waiting for a row."""
+
+    prompts: list[list[int]]
+    holds: list[int]
+    results: list[_Response | None]
+    next_prompt: int
+    stop_set: set[int]
+
+    @property
+    def waiting(self) -> bool:
+        return self.next_prompt < len(self.prompts)
+
+    def refill(self, state: _State, done: list[int], cached: _CachedForward | None, max_new: int, block: int,
+               mask_id: int) -> bool:
+        """Collect the responses of rows that are done, and give each the next waiting prompt (prefilled into its
+        cache row). Whether any row took a new prompt."""
+        refilled = False
+        for row, is_done in enumerate(done):
+            if not is_done or not self.waiting:
+                continue
+            self.results[self.holds[row]] = _response(state.seq[row].tolist(), state.unmask_step[row].tolist(),
+                                                      len(self.prompts[self.holds[row]]), self.stop_set, max_new,
+                                                      block)
+            self.holds[row], self.next_prompt, refilled = self.next_prompt, self.next_prompt + 1, True
+            length = _refill_row(state, row, self.prompts[self.holds[row]], block, mask_id)
+            if cached is not None:
+                cached.prefill_row(state, row, length)
+        return refilled
+
+    def collect(self, state: _State, max_new: int, block: int, forwards: int) -> Decoded:
+        """Every response in prompt order, once no row is decoding."""
+        seq, steps = state.seq.tolist(), state.unmask_step.tolist()
+        for row, prompt in enumerate(self.holds):
+            self.results[prompt] = _response(seq[row], steps[row], len(self.prompts[prompt]), self.stop_set,
+                                             max_new, block)
+        out = Decoded(tokens=[], unmask_steps=[], stopped=[], forwards=forwards)
+        for r in self.results:
+            out.tokens.append(r.tokens)
+            out.unmask_steps.append(r.unmask_steps)
+            out.stopped.append(r.stopped)
+            out.tail_tokens.append(r.tail_tokens)
+            out.tail_steps.append(r.tail_steps)
+        return out
+
+
+def _response(seq: list[int], steps: list[int], n: int, stop_set: set[int], max_new: int, block: int) -> _Response:
+    """A row's response from its ids and unmask steps (host lists), its prompt `n` tokens long."""
+    ids = seq[n: n + max_new]
+    end = next((i + 1 for i, t in enumerate(ids) if t in stop_set), None)
+    cut = n + len(ids[:end])
+    block_end = -(-cut // block) * block  # that block finished whole: every position in it was unmasked
+    return _Response(tokens=ids[:end], unmask_steps=steps[n: cut], stopped=end is not None,
+                     tail_tokens=seq[cut: block_end], tail_steps=steps[cut: block_end])

@@ -73,30 +73,29 @@ def response_candidate(task: RLTask, phase: str, text: str, id: str) -> Candidat
 def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTask], group: int, phase: str,
                       backend: str, sampling: SamplingConfig, batch_rows: int, step: int,
                       stop_ids: list[int], keep_graphs: bool = False) -> list[Rollout]:
-    """`group` responses per task, decoded `batch_rows` rows at a time (a task's group shares its prompt). The
-    seed of each chunk derives from the sampling seed, the step and the chunk, so a resumed step redraws the same
-    responses from the same weights. The decoder's KV cache and graphs are freed at the end unless `keep_graphs`
-    (a training update would otherwise hold them)."""
+    """`group` responses per task, decoded `batch_rows` rows at a time (a task's group shares its prompt); a row
+    whose response ends takes the next waiting one, so a batch does not wait for its longest response. The seed
+    derives from the sampling seed and the step, so a resumed step redraws the same responses from the same weights.
+    The decoder's KV cache and graphs are freed at the end unless `keep_graphs` (a training update would otherwise
+    hold them)."""
     prompts = [tokenizer.encode(rollout_prompt(t, phase, backend), add_special_tokens=False) for t in tasks]
     rows = [(ti, k) for ti in range(len(tasks)) for k in range(group)]
     out: list[Rollout] = []
     was_training = model.training
     model.eval()
     try:
-        for chunk_start in range(0, len(rows), batch_rows):
-            chunk = rows[chunk_start: chunk_start + batch_rows]
-            seed = None if sampling.seed is None else sampling.seed + 1_000_003 * step + chunk_start
-            cfg = SamplingConfig(**{**sampling.__dict__, "seed": seed})
-            decoded = decode(model, [prompts[ti] for ti, _ in chunk], cfg, stop_ids)
-            for i, (ti, k) in enumerate(chunk):
-                ids, stopped = decoded.tokens[i], decoded.stopped[i]
-                text = tokenizer.decode(ids[:-1] if stopped else ids)
-                task = tasks[ti]
-                cid = f"step{step}/{task.id}/{k}"
-                trajectory = Trajectory(prompts[ti], ids, decoded.unmask_steps[i], decoded.tail_tokens[i],
-                                        decoded.tail_steps[i])
-                out.append(Rollout(task=task, sample=k, trajectory=trajectory, text=text, stopped=stopped,
-                                   candidate=response_candidate(task, phase, text, cid)))
+        seed = None if sampling.seed is None else sampling.seed + 1_000_003 * step
+        cfg = SamplingConfig(**{**sampling.__dict__, "seed": seed})
+        decoded = decode(model, [prompts[ti] for ti, _ in rows], cfg, stop_ids, rows=batch_rows)
+        for i, (ti, k) in enumerate(rows):
+            ids, stopped = decoded.tokens[i], decoded.stopped[i]
+            text = tokenizer.decode(ids[:-1] if stopped else ids)
+            task = tasks[ti]
+            cid = f"step{step}/{task.id}/{k}"
+            trajectory = Trajectory(prompts[ti], ids, decoded.unmask_steps[i], decoded.tail_tokens[i],
+                                    decoded.tail_steps[i])
+            out.append(Rollout(task=task, sample=k, trajectory=trajectory, text=text, stopped=stopped,
+                               candidate=response_candidate(task, phase, text, cid)))
     finally:
         if not keep_graphs:
             release_graphs(model)
