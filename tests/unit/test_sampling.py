@@ -298,7 +298,7 @@ def test_compiled_layers_in_cuda_graphs_decode_like_eager():
     """`compile=True` (inductor-fused layer regions, flex-decoding attention over the cache and fused greedy
     proposals, captured into the graphs after a warm-up forward of each new shape) gives the tokens and trajectories
     of eager uncompiled decoding, in fp32 where rounding cannot flip a token; a second call replays the graphs the
-    first one kept."""
+    first one kept; with `rows=2` the rows take waiting prompts between replays."""
     model = tiny_model().cuda()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
     cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True)
@@ -306,6 +306,9 @@ def test_compiled_layers_in_cuda_graphs_decode_like_eager():
     eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False}), NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
     assert decode(model, prompts, cfg, NO_STOP).tokens == eager.tokens
+    # two rows at a time: a row at max_new_tokens takes the next prompt, prefilled between graph replays
+    refilled = decode(model, prompts, cfg, NO_STOP, rows=2)
+    assert (refilled.tokens, refilled.unmask_steps) == (eager.tokens, eager.unmask_steps)
 
 
 @pytest.mark.gpu
