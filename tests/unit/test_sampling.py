@@ -328,7 +328,7 @@ def test_compiled_sampling_of_rl_rollout_shapes_runs():
     lengths = (790, 795, 803, 804, 807, 809, 811, 818, 821, 838, 845, 848, 854, 875, 926, 926)
     prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate(lengths) for _ in range(8)]
     sampling = SamplingConfig(max_new_tokens=256, strategy="dynamic", temperature=1.0, seed=0, compile=True)
-    out = decode(model, prompts, sampling, NO_STOP)
+    out = decode(model, prompts, sampling, [])  # no stop id: NO_STOP is an ordinary token of this vocabulary
     assert [len(t) for t in out.tokens] == [256] * 128
     assert decoder._WORKSPACES[model].forward.cache.k.shape[3] % attention.FLEX_BLOCK == 0
 
