@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dice_kernels.demo.config import ARMS, DemoConfig
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
-from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title
+from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title, windows
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
 
 # per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, and what a check without
@@ -69,9 +69,9 @@ def train_reward_trend(run_dir: Path, group: int, seed: int = 0) -> Comparison |
     both (a task's rollouts in a window are its scores): whether RL raised the reward on what it trains on. None
     with fewer than two steps or no task drawn in both windows."""
     steps = train_rewards(run_dir, group)
-    window = max(1, len(steps) // 3)
     if len(steps) < 2:
         return None
+    early, late = windows(len(steps))
 
     def by_task(part: list[tuple[int, Scores]]) -> Scores:
         out: Scores = {}
@@ -80,10 +80,10 @@ def train_reward_trend(run_dir: Path, group: int, seed: int = 0) -> Comparison |
                 out.setdefault(key.rsplit("#", 1)[0], []).extend(rewards)
         return out
 
-    first, last = by_task(steps[:window]), by_task(steps[-window:])
+    first, last = by_task([steps[i] for i in early]), by_task([steps[i] for i in late])
     if not set(first) & set(last):
         return None
-    names = (f"steps {steps[-window][0]}-{steps[-1][0]}", f"steps {steps[0][0]}-{steps[window - 1][0]}")
+    names = (f"steps {steps[late[0]][0]}-{steps[late[-1]][0]}", f"steps {steps[early[0]][0]}-{steps[early[-1]][0]}")
     return paired_difference(last, first, names, seed=seed)
 
 

@@ -17,7 +17,8 @@ from dice_kernels.demo.world import WorldFiles
 
 
 def windows(steps: int) -> tuple[list[int], list[int]]:
-    """The first and the last third of `steps` RL steps (at least one step each), as train_reward_trend takes them."""
+    """The first and the last third of `steps` RL steps (at least one step each): the windows of every early/late
+    trend in the report (the train reward's, the rollout check's)."""
     width = max(1, steps // 3)
     return list(range(width)), list(range(max(0, steps - width), steps))
 

@@ -104,23 +104,28 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
     seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         seq[row, : len(prompt)] = torch.tensor(prompt, device=device)
-    # The prompt is prefilled up to its last whole block; its remainder opens the first decode block unmasked.
-    start = lengths // block * block
+    start, masked = _first_block(lengths, block)
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
-                  masked_at_start=start + block - lengths, commit=zeros.bool(), done=zeros.bool())
+                  masked_at_start=masked, commit=zeros.bool(), done=zeros.bool())
+
+
+def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | Tensor]:
+    """(start, masks) of the first decode block of a prompt of `length` tokens (an int or a tensor of them): the
+    prompt is prefilled up to its last whole block; its remainder opens the first decode block unmasked."""
+    start = length // block * block
+    return start, start + block - length
 
 
 def _refill_row(state: _State, row: int, prompt: list[int], block: int, mask_id: int) -> int:
     """Give `row` a new prompt, in place (graphs read the state's tensors at fixed addresses), as `_initial_state`
     would have; returns its first decode block's position, the prompt's slots to prefill."""
-    start = len(prompt) // block * block
+    start, masked = _first_block(len(prompt), block)
     state.seq[row].fill_(mask_id)
     state.seq[row, : len(prompt)] = torch.tensor(prompt, device=state.seq.device)
     state.unmask_step[row].fill_(-1)
     for field_, value in ((state.prompt_len, len(prompt)), (state.start, start), (state.step, 0),
-                          (state.masked_at_start, start + block - len(prompt)), (state.commit, False),
-                          (state.done, False)):
+                          (state.masked_at_start, masked), (state.commit, False), (state.done, False)):
         field_[row] = value
     return start
 
@@ -160,27 +165,27 @@ class _CachedForward:
 
     def prefill(self, state: _State) -> None:
         """Write the K/V of every row's prompt up to the furthest row's first decode block."""
-        prefill, seq, block = int(state.start.max()), state.seq, self.block
+        prefill = int(state.start.max())
         if prefill:
             # Rows with shorter prompts prefill tokens past their own start too: those slots lie in blocks
             # their current block cannot see, and are overwritten before they become visible.
-            ids = seq[:, :prefill]
-            pos = torch.arange(prefill, device=seq.device).expand_as(ids)
-            layout = Layout.clean(pos)
-            mask = dense_mask(block_diffusion_mask_mod(layout, layout, block), *ids.shape, prefill, seq.device)
-            self.model.hidden_states(ids, pos, Attention(mask, self.cache, pos, prefill))
+            self._write_clean(state.seq[:, :prefill], self.cache)
 
     def prefill_row(self, state: _State, row: int, length: int) -> None:
         """Write the K/V of `row`'s new prompt up to its first decode block (`length` slots) into that row's cache.
         Its slots past that hold the previous response's K/V: later blocks, hidden until its own overwrite them.
         Eager layer ops: a compiled region would compile once per prompt length."""
         if length:
-            ids = state.seq[row: row + 1, :length]
-            pos = torch.arange(length, device=ids.device)[None]
-            layout = Layout.clean(pos)
-            mask = dense_mask(block_diffusion_mask_mod(layout, layout, self.block), 1, length, length, ids.device)
             with self.model.using_layer_ops(EAGER_OPS):
-                self.model.hidden_states(ids, pos, Attention(mask, self.cache.row(row), pos, length))
+                self._write_clean(state.seq[row: row + 1, :length], self.cache.row(row))
+
+    def _write_clean(self, ids: Tensor, cache: KVCache) -> None:
+        """One forward of clean tokens `ids` [B, L] at positions 0..L-1, writing their K/V to `cache` slots 0..L-1."""
+        length = ids.shape[1]
+        pos = torch.arange(length, device=ids.device).expand_as(ids)
+        layout = Layout.clean(pos)
+        mask = dense_mask(block_diffusion_mask_mod(layout, layout, self.block), *ids.shape, length, ids.device)
+        self.model.hidden_states(ids, pos, Attention(mask, cache, pos, length))
 
     def __call__(self, state: _State, any_commit: bool, kv_len: int) -> None:
         """One decoding step: the forward, then `denoise`; `kv_len`: cache slots the furthest row needs."""
