@@ -6,7 +6,9 @@
 Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
 4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
-checkpointing unless `--no-activation-checkpointing`); seconds per phase and peak GPU memory. Random weights write no code,
+checkpointing unless `--no-activation-checkpointing`); seconds per phase and peak GPU memory. Rollout tokens/s is
+split into row-forwards/s (the decoder's speed) and tokens per row-forward (the model's confidence: about 1 for
+random weights). Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
 apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
@@ -73,7 +75,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
               "rollouts": stats.rollouts, "tokens_generated": stats.tokens_generated,
               "outcomes": stats.outcomes, "trained_rollouts": stats.trained_rollouts, "loss": stats.loss,
               "kl": stats.kl, "grad_norm": stats.grad_norm}
-    result["rollout_tokens_per_s"] = stats.tokens_generated / stats.seconds["rollout"]
+    result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout.block_size, "rollout"))
     if stats.trained_rollouts == 0:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
         # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
@@ -106,8 +108,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         began = time.monotonic()
         again = step.rollouts(1, "e2e", tasks)
         result["rollout_again_s"] = time.monotonic() - began
-        result["rollout_again_tokens_per_s"] = (sum(len(r.trajectory.tokens) for r in again)
-                                                / result["rollout_again_s"])
+        result.update(_decode_rates(again, result["rollout_again_s"], rollout.block_size, "rollout_again"))
         if "update_warm_s" in result:
             result["step_again_s"] = result["rollout_again_s"] + result["reward_s"] + result["update_warm_s"]
     if dist.device.type == "cuda":
@@ -116,6 +117,18 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         result["rollout_compare"] = _rollout_compare(step, tasks)
     print(json.dumps(result), flush=True)
     return result
+
+
+def _decode_rates(rollouts: list, seconds: float, block: int, name: str) -> dict:
+    """Tokens/s, and what it is made of: row-forwards/s (a row's denoising forwards, one per block and step that
+    unmasked a token; the decoder's speed) times tokens per row-forward (up to the block size: how confident the
+    model is). Random weights are unconfident, about one token a forward under the dynamic strategy; the same
+    decoder gives a trained model's rollouts proportionally more tokens/s."""
+    from dice_kernels.train.rl.tracerl import denoising_rows
+    tokens = sum(len(r.trajectory.tokens) for r in rollouts)
+    row_forwards = sum(denoising_rows(r.trajectory, block) for r in rollouts)
+    return {f"{name}_tokens_per_s": tokens / seconds, f"{name}_row_forwards_per_s": row_forwards / seconds,
+            f"{name}_tokens_per_row_forward": tokens / max(row_forwards, 1)}
 
 
 def _rollout_compare(step, tasks: list) -> list[dict]:
@@ -261,9 +274,12 @@ def main() -> None:
                 "step_again_s"):
         if key in s:
             print(f"{key[:-2].replace('_warm', ' again').replace('_again', ' again'):<28}{s[key]:>10.1f}")
-    if "rollout_again_s" in s:
-        print(f"rollouts again: {s['rollout_again_tokens_per_s']:,.0f} tokens/s")
-    print(f"tokens generated {s['tokens_generated']:,} ({s['rollout_tokens_per_s']:,.0f}/s), trained rollouts "
+    for name, label in (("rollout", "rollouts"), ("rollout_again", "rollouts again")):
+        if f"{name}_tokens_per_s" in s:
+            print(f"{label}: {s[f'{name}_tokens_per_s']:,.0f} tokens/s = "
+                  f"{s[f'{name}_row_forwards_per_s']:,.0f} row-forwards/s x "
+                  f"{s[f'{name}_tokens_per_row_forward']:.2f} tokens per row-forward")
+    print(f"tokens generated {s['tokens_generated']:,}, trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")
     _print_update_flops(s.get("update_flops"))
