@@ -54,7 +54,7 @@ def test_bench_with_a_tiny_checkpoint_writes_generations_and_the_report(checkpoi
     run = tmp_path / "run"
     output = _bench("-c", str(checkpoint), "--out", str(run), "--samples", "2", "--max-new-tokens", "24",
                     "--temperature", "1", "--seed", "0", "--cache-dir", str(build_cache), *FAST)
-    assert "generating: 4/4 (" in output  # --no-progress: a line per generated batch, for logs
+    assert "generating: 4/4 (" in output  # --no-progress: a line per generated output, for logs
     records = sorted((run / "generations").rglob("s*.json"))
     assert [p.relative_to(run / "generations").as_posix() for p in records] == [
         "level1/19_ReLU/s0.json", "level1/19_ReLU/s1.json", "level1/90_AddMul/s0.json", "level1/90_AddMul/s1.json"]
@@ -125,7 +125,7 @@ def test_a_killed_run_resumes_without_generating_or_evaluating_again(checkpoint,
     assert f"{6 - len(killed)} to generate, {len(killed)} already written" in out
     assert "3 already recorded" in out  # the 19_ReLU candidates, evaluated by the first run
     generated = sum(r["rows"] for r in _timing(run, "generate"))
-    assert generated <= 6  # the killed run may die between writing a batch and logging it, never regenerate it
+    assert generated <= 6  # the killed run may die before logging its generation call, never regenerate an output
     out = _bench(*args)
     assert "0 to generate, 6 already written" in out and "0 to evaluate, 6 already recorded" in out
     assert _generation_files(run) == done

@@ -342,12 +342,24 @@ def test_a_row_whose_response_ended_takes_the_next_waiting_prompt(model64, tempe
     prompts = PROMPTS + [[30, 31, 32, 33, 34], [40, 41]]
     stops = [253, 300, 57]  # the first, third and fourth prompts' greedy responses hit one within 4 tokens
     cfg = SamplingConfig(max_new_tokens=24, steps=2, temperature=temperature, seed=3)
-    refilled = decode(model64, prompts, cfg, stops, rows=2)
+    forwards, handed = [0], []  # decode forwards so far; (prompt, response, forwards when it was handed over)
+    hook = model64.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        refilled = decode(model64, prompts, cfg, stops, rows=2, on_response=lambda i, r: handed.append((i, r, forwards[0])))
+    finally:
+        hook.remove()
     chunks = [decode(model64, prompts[i: i + 2], cfg, stops) for i in range(0, 6, 2)]
     assert refilled.forwards < sum(c.forwards for c in chunks)
     for i, tokens in enumerate(refilled.tokens):
         assert refilled.stopped[i] == (tokens[-1] in stops) and len(tokens) <= 24
         assert len(refilled.unmask_steps[i]) == len(tokens)
+    # every response is handed over once, the same as returned; a row's, when it takes a waiting prompt, before the
+    # call's last forward (a caller can keep it even if the call never returns)
+    assert sorted(i for i, _, _ in handed) == list(range(6))
+    for i, r, _ in handed:
+        assert (r.tokens, r.unmask_steps, r.stopped) == (refilled.tokens[i], refilled.unmask_steps[i],
+                                                         refilled.stopped[i])
+    assert handed[0][2] < refilled.forwards == forwards[0]
     if temperature == 0:
         together = decode(model64, prompts, cfg, stops)
         assert sum(together.stopped) >= 3

@@ -41,7 +41,8 @@ def bench(
                                        "Default: runs/bench-<time>."),
     samples: int = typer.Option(1, "--samples", "-k", help="Generations per task; the report adds pass@k for "
                                 "k = 1, 5, 10 and K (only meaningful with --temperature > 0)."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts decoded together in one batch."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts decoded at once (rows of the batch); a row whose output "
+                                    "ended takes the next waiting prompt."),
     max_new_tokens: int = typer.Option(4096, help="Stop each generation after this many tokens (DICE: 4,096)."),
     block_size: int = typer.Option(4, help="Tokens per diffusion block (DICE: 4)."),
     steps: int = typer.Option(4, help="Denoising forwards per block (DICE: 4, i.e. 1 token per forward)."),
@@ -65,7 +66,7 @@ def bench(
     stage: str = typer.Option("all", help="all; generate (stop after generating, e.g. to evaluate elsewhere); "
                               "evaluate (evaluate the generations already written)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", show_default="bars on a terminal",
-                                            help="Progress bars, or a line per generated batch and evaluated "
+                                            help="Progress bars, or a line per generated output and evaluated "
                                                  "candidate (for logs). Default: bars when stdout is a terminal."),
     eval_config=None,  # the harness's options, the same as `dice eval`'s (harness/cli_options.py)
 ) -> None:

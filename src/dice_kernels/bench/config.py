@@ -27,7 +27,7 @@ class BenchConfig:
     levels: tuple[int, ...] = ()  # keep only these KernelBench levels (empty: all)
     task_filter: tuple[str, ...] = ()  # keep only these task ids ("L1/19") or names ("19_ReLU") (empty: all)
     samples: int = 1  # generations per task (pass@k for k <= samples)
-    batch_size: int = 32  # prompts decoded together (rows of one batched decode)
+    batch_size: int = 32  # prompts decoded at once (rows); a finished row takes the next waiting prompt
     decoding: SamplingConfig = field(default_factory=dice_decoding)
     dtype: str = "auto"  # model weights: auto = the checkpoint's on GPU, float32 on CPU
     device: str = "auto"  # where the model generates: auto = cuda when present

@@ -1,5 +1,6 @@
 """The generation half of a bench run: one end-to-end prompt per (task, sample), decoded in batches with the
-KV-cached block-diffusion sampler. Each output is written as soon as its batch finishes, as
+KV-cached block-diffusion sampler, a finished row taking the next waiting prompt. Each output is written as soon as it
+is done, as
 `generations/<level>/<task>/s<k>.md` (the raw text) and `s<k>.json` (tokens, stop, seconds, decoding settings);
 an output whose `.json` exists is never generated again, which is what makes a killed run resumable."""
 
@@ -12,10 +13,13 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dice_kernels.bench.config import BenchConfig
 from dice_kernels.tasks import Task
+
+if TYPE_CHECKING:
+    from dice_kernels.sampling.generate import GenerationResult
 
 _UNSAFE = re.compile(r"[^\w.-]+")
 
@@ -69,9 +73,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def generate(cfg: BenchConfig, items: list[Item], root: Path, log: Callable[[dict], None],
              advance: Callable[[int], None]) -> None:
-    """Decode `items` in batches of `cfg.batch_size` and write each batch's outputs as it finishes.
+    """Decode `items` `cfg.batch_size` rows at a time, a row whose output ended taking the next waiting item (so a
+    batch never waits for its longest output), and write each output as soon as it is done.
 
-    `log` receives one timing record per model load and per batch; `advance` the number of outputs written.
+    `log` receives one timing record for the model load and one for the generation; `advance` the outputs written.
     """
     import torch
 
@@ -86,28 +91,29 @@ def generate(cfg: BenchConfig, items: list[Item], root: Path, log: Callable[[dic
     settings = cfg.generation_settings()
     backend = settings["prompt_backend"]
     prompts = {t.id: e2e_user(t.code, backend) for t in {i.task.id: i.task for i in items}.values()}
-    # longest prompts first: rows of a batch then have similar lengths, so the shared prefill wastes little
+    # longest prompts first: the first rows have similar lengths, so the shared prefill wastes little
     items = sorted(items, key=lambda i: (-len(prompts[i.task.id]), i.task.id, i.sample))
-    for at in range(0, len(items), cfg.batch_size):
-        batch = items[at: at + cfg.batch_size]
-        decoding = cfg.decoding
-        if decoding.seed is not None:  # a batch's random stream depends on its first output, not on the order run
-            decoding = replace(decoding, seed=decoding.seed + zlib.crc32(batch[0].candidate_id.encode()))
-        began = time.perf_counter()
-        results = generator([prompts[i.task.id] for i in batch], decoding, chat=True, system=SYSTEM_PROMPT)
-        seconds = time.perf_counter() - began
-        for item, r in zip(batch, results):
-            text_path, record_path = output_paths(root, item)
-            text_path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(text_path, r.text)
-            record = {"task_id": item.task.id, "task_name": item.task.name, "sample": item.sample,
-                      "tokens": len(r.token_ids), "prompt_tokens": len(r.prompt_ids), "stopped": r.stopped,
-                      "batch_seconds": round(seconds, 3), "batch_rows": len(batch), "settings": settings,
-                      "seed": decoding.seed}
-            _write_atomic(record_path, json.dumps(record, indent=1))  # written last: marks the output done
-        log({"phase": "generate", "seconds": seconds, "rows": len(batch),
-             "tokens": sum(len(r.token_ids) for r in results)})
-        advance(len(batch))
+    decoding = cfg.decoding
+    if decoding.seed is not None:  # the random stream depends on the first output, not on the order run
+        decoding = replace(decoding, seed=decoding.seed + zlib.crc32(items[0].candidate_id.encode()))
+    began = time.perf_counter()
+
+    def write(at: int, r: GenerationResult) -> None:
+        item = items[at]
+        text_path, record_path = output_paths(root, item)
+        text_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(text_path, r.text)
+        record = {"task_id": item.task.id, "task_name": item.task.name, "sample": item.sample,
+                  "tokens": len(r.token_ids), "prompt_tokens": len(r.prompt_ids), "stopped": r.stopped,
+                  "done_after_s": round(time.perf_counter() - began, 3), "rows": cfg.batch_size,
+                  "settings": settings, "seed": decoding.seed}
+        _write_atomic(record_path, json.dumps(record, indent=1))  # written last: marks the output done
+        advance(1)
+
+    results = generator([prompts[i.task.id] for i in items], decoding, chat=True, system=SYSTEM_PROMPT,
+                        rows=cfg.batch_size, on_result=write)
+    log({"phase": "generate", "seconds": time.perf_counter() - began, "rows": len(items),
+         "tokens": sum(len(r.token_ids) for r in results)})
     del generator
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the harness's workers need the GPU next

@@ -4,7 +4,7 @@ has not recorded, write the report. The run folder:
     bench.json      the run's settings, model, decoding, hardware and software (checked when a run resumes)
     generations/    one raw output (.md) and one record (.json) per task and sample (generation.py)
     eval/           the harness's results.sqlite, written per candidate and resumed
-    timing.jsonl    seconds per phase (model load, each generation batch, each evaluation), appended
+    timing.jsonl    seconds per phase (model load, each generation call, each evaluation), appended
     results.jsonl, summary.json, report.md, report.png
 """
 

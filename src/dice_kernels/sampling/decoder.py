@@ -381,10 +381,12 @@ def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg:
 
 @torch.inference_mode()
 def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfig, stop_ids: list[int],
-           rows: int | None = None) -> Decoded:
+           rows: int | None = None, on_response: Callable[[int, Response], None] | None = None) -> Decoded:
     """Generate after each prompt (token ids, any lengths) until a stop token or `max_new_tokens`. `rows`: decode at
     most this many prompts at once; a row whose response has ended takes the next waiting prompt, so the batch does
-    not wait for its longest response. Results come in prompt order either way."""
+    not wait for its longest response. Results come in prompt order either way; `on_response(i, response)` gets
+    prompt i's as soon as its row is collected (when the row takes a waiting prompt, else at the end), so a caller
+    can keep each one before the call returns."""
     device = next(model.parameters()).device
     block, mask_id = cfg.block_size or model.config.block_size, model.config.mask_token_id
     if mask_id is None:
@@ -395,11 +397,11 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     state = _initial_state(prompts[:width], block, cfg.max_new_tokens, mask_id, device, max(map(len, prompts)))
     ops = compiled_ops() if _compiles(cfg, device) else model.layer_ops
     with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
-        return _decode(model, state, cfg, stop_ids, block, mask_id, prompts)
+        return _decode(model, state, cfg, stop_ids, block, mask_id, prompts, on_response)
 
 
 def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_ids: list[int], block: int,
-            mask_id: int, prompts: list[list[int]]) -> Decoded:
+            mask_id: int, prompts: list[list[int]], on_response: Callable[[int, Response], None] | None) -> Decoded:
     """The forwards of one `decode` call, with the model's layer ops already chosen; the state holds the first
     prompts, and a row that is done takes the next waiting one."""
     device = state.seq.device
@@ -417,7 +419,7 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
         cached.propose, cached.advance = propose, advance
     width = state.seq.shape[0]
     rows = _Rows(prompts, holds=list(range(width)), results=[None] * len(prompts), next_prompt=width,
-                 stop_set=set(stop_ids))
+                 stop_set=set(stop_ids), on_response=on_response)
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps * -(-len(prompts) // width)
     forwards = 0
     while True:
@@ -444,8 +446,8 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
 
 
 @dataclass
-class _Response:
-    """One prompt's part of `Decoded`."""
+class Response:
+    """One prompt's part of `Decoded`, also handed to `decode`'s `on_response` as soon as that prompt is done."""
 
     tokens: list[int]
     unmask_steps: list[int]
@@ -460,9 +462,15 @@ class _Rows:
 
     prompts: list[list[int]]
     holds: list[int]
-    results: list[_Response | None]
+    results: list[Response | None]
     next_prompt: int
     stop_set: set[int]
+    on_response: Callable[[int, Response], None] | None = None
+
+    def _done(self, prompt: int, response: Response) -> None:
+        self.results[prompt] = response
+        if self.on_response is not None:
+            self.on_response(prompt, response)
 
     @property
     def waiting(self) -> bool:
@@ -476,9 +484,8 @@ class _Rows:
         for row, is_done in enumerate(done):
             if not is_done or not self.waiting:
                 continue
-            self.results[self.holds[row]] = _response(state.seq[row].tolist(), state.unmask_step[row].tolist(),
-                                                      len(self.prompts[self.holds[row]]), self.stop_set, max_new,
-                                                      block)
+            self._done(self.holds[row], _response(state.seq[row].tolist(), state.unmask_step[row].tolist(),
+                                                  len(self.prompts[self.holds[row]]), self.stop_set, max_new, block))
             self.holds[row], self.next_prompt, refilled = self.next_prompt, self.next_prompt + 1, True
             length = _refill_row(state, row, self.prompts[self.holds[row]], block, mask_id)
             if cached is not None:
@@ -489,8 +496,8 @@ class _Rows:
         """Every response in prompt order, once no row is decoding."""
         seq, steps = state.seq.tolist(), state.unmask_step.tolist()
         for row, prompt in enumerate(self.holds):
-            self.results[prompt] = _response(seq[row], steps[row], len(self.prompts[prompt]), self.stop_set,
-                                             max_new, block)
+            self._done(prompt, _response(seq[row], steps[row], len(self.prompts[prompt]), self.stop_set, max_new,
+                                         block))
         out = Decoded(tokens=[], unmask_steps=[], stopped=[], forwards=forwards)
         for r in self.results:
             out.tokens.append(r.tokens)
@@ -501,11 +508,11 @@ class _Rows:
         return out
 
 
-def _response(seq: list[int], steps: list[int], n: int, stop_set: set[int], max_new: int, block: int) -> _Response:
+def _response(seq: list[int], steps: list[int], n: int, stop_set: set[int], max_new: int, block: int) -> Response:
     """A row's response from its ids and unmask steps (host lists), its prompt `n` tokens long."""
     ids = seq[n: n + max_new]
     end = next((i + 1 for i, t in enumerate(ids) if t in stop_set), None)
     cut = n + len(ids[:end])
     block_end = -(-cut // block) * block  # that block finished whole: every position in it was unmasked
-    return _Response(tokens=ids[:end], unmask_steps=steps[n: cut], stopped=end is not None,
+    return Response(tokens=ids[:end], unmask_steps=steps[n: cut], stopped=end is not None,
                      tail_tokens=seq[cut: block_end], tail_steps=steps[cut: block_end])

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from dice_kernels.model.checkpoint import load_model
 from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.sampling.decoder import SamplingConfig, decode
+from dice_kernels.sampling.decoder import Response, SamplingConfig, decode
 
 
 @dataclass
@@ -34,16 +34,22 @@ class Generator:
                         device: str | torch.device = "cpu") -> Generator:
         return cls(load_model(directory, dtype=dtype, device=device), load_tokenizer(directory))
 
-    def __call__(self, prompts: list[str], cfg: SamplingConfig, chat: bool = True,
-                 system: str | None = None) -> list[GenerationResult]:
-        """Generate for each prompt; `chat` wraps it as a user turn in the checkpoint's chat format."""
+    def __call__(self, prompts: list[str], cfg: SamplingConfig, chat: bool = True, system: str | None = None,
+                 rows: int | None = None,
+                 on_result: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
+        """Generate for each prompt; `chat` wraps it as a user turn in the checkpoint's chat format. `rows`: decode
+        at most this many at once, a finished row taking the next waiting prompt; `on_result(i, result)` gets
+        prompt i's result as soon as it is done."""
         texts = [chat_prompt(self.tokenizer, p, system) if chat else p for p in prompts]
         prompt_ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        stops = stop_token_ids(self.tokenizer)
-        out = decode(self.model, prompt_ids, cfg, list(stops))
-        results = []
-        for ids, steps, stopped, prompt in zip(out.tokens, out.unmask_steps, out.stopped, prompt_ids):
-            text = self.tokenizer.decode(ids[:-1] if stopped else ids)
-            results.append(GenerationResult(text=text, token_ids=ids, unmask_steps=steps, prompt_ids=prompt,
-                                            stopped=stopped))
+        results: list[GenerationResult | None] = [None] * len(prompts)
+
+        def done(i: int, r: Response) -> None:
+            results[i] = GenerationResult(text=self.tokenizer.decode(r.tokens[:-1] if r.stopped else r.tokens),
+                                          token_ids=r.tokens, unmask_steps=r.unmask_steps, prompt_ids=prompt_ids[i],
+                                          stopped=r.stopped)
+            if on_result is not None:
+                on_result(i, results[i])
+
+        decode(self.model, prompt_ids, cfg, list(stop_token_ids(self.tokenizer)), rows=rows, on_response=done)
         return results
