@@ -55,6 +55,14 @@ def test_decode_throughput(tmp_path):
     assert all(r["tokens_per_s"] > 0 for r in rows) and "autoregressive" in out
 
 
+def test_refill(tmp_path):
+    out = _smoke("refill.py", "--out", "r.json", cwd=tmp_path)
+    doc = _json(tmp_path / "r.json")
+    # greedy: the same outputs whichever way the rows are filled, never more forwards than batches one by one
+    assert doc["same_outputs"] and doc["tokens"] > 0 and "refill:" in out
+    assert 0 < doc["refill"]["forwards"] <= doc["fixed"]["forwards"]
+
+
 def test_sft_step(tmp_path):
     out = _smoke("sft_step.py", "--out", "s.json", cwd=tmp_path)
     (row,) = _json(tmp_path / "s.json")["rows"]
