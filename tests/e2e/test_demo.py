@@ -80,6 +80,22 @@ def test_shortcut_and_slow_solutions_are_a_seeded_share_of_train_tasks_only(tmp_
         WorldSizes(n_train=1, n_heldout=1, shortcut_fraction=0.8, slow_fraction=0.3)
 
 
+def test_a_shortcut_by_family_covers_every_train_instance_of_the_families_chosen():
+    tasks = _world(1, 400, 20, n_rl=40, shortcut_fraction=0.1, slow_fraction=0.3, shortcut_unit="family")
+    train = [t for t in tasks if t.split == TRAIN]
+    by_family: dict[str, set[bool]] = {}
+    for t in train:
+        by_family.setdefault(t.family, set()).add(t.variant == SHORTCUT)
+    chosen = {f for f, v in by_family.items() if True in v}
+    assert all(len(v) == 1 for v in by_family.values())  # a family's train instances all shortcut, or none does
+    assert 0.04 < len(chosen) / len(by_family) < 0.2 and any(t.variant == SLOW for t in train)
+    # RL and held-out instances of a chosen family still carry the fused solution: the shortcut is SFT's habit only
+    assert any(t.family in chosen for t in tasks if t.split in (RL, HELDOUT))
+    assert all(t.variant == FAST for t in tasks if t.split != TRAIN)
+    with pytest.raises(ValueError, match="shortcut_unit"):
+        WorldSizes(n_train=1, n_heldout=1, shortcut_unit="program")
+
+
 def test_the_operator_line_is_the_comment_copying_the_first_forward_step():
     """demo/prompt_reading.py scores the line that copies the task's first forward step, in every solution variant
     on both backends, and nothing in a program without the forward comments."""

@@ -48,6 +48,10 @@ class WorldSection:
     # share of train tasks whose SFT solution is the libtorch shortcut (the extension calls torch:: ops): what a
     # reward without the robust check pays
     shortcut_fraction: float = 0.05
+    # "task": that share of train tasks, each drawn alone; "family": that share of families, every train instance of
+    # one (a habit a model can learn from the prompt: scattered single tasks, 4 % of the pairs, the cpu preset's SFT
+    # model reproduced in 0 of 256 samples of those very tasks)
+    shortcut_unit: str = "task"
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
     # the input's sizes a program draws from: at these a GPU kernel is microseconds of work, and one kernel's time
     # moved 3.4x between benchmark runs (H200, 2026-12-04); at megabytes a tensor its own work would be the time
@@ -60,7 +64,8 @@ class WorldSection:
     def sizes(self) -> WorldSizes:
         return WorldSizes(n_train=self.n_train, n_heldout=self.n_heldout, n_valid=self.n_valid, n_novel=self.n_novel,
                           n_rl=self.n_rl, novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
-                          slow_fraction=self.slow_fraction, rows=tuple(self.rows), cols=tuple(self.cols))
+                          shortcut_unit=self.shortcut_unit, slow_fraction=self.slow_fraction, rows=tuple(self.rows),
+                          cols=tuple(self.cols))
 
 
 @dataclass

@@ -294,8 +294,9 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
-             f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their SFT "
-             f"solutions the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); RL on "
+             f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their "
+             + ("families with every SFT solution" if w.shortcut_unit == "family" else "SFT solutions")
+             + f" the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); RL on "
              f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
              f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",

@@ -475,10 +475,17 @@ def instance_split(code: str, seed: int, shares: tuple[float, float, float]) -> 
     return TRAIN
 
 
-def train_variant(code: str, seed: int, shortcut_fraction: float, slow_fraction: float) -> str:
-    """Which solution a train task's SFT pair carries, by a seeded hash of its program."""
+SHORTCUT_UNITS = ("task", "family")
+
+
+def train_variant(code: str, family: str, seed: int, sizes: WorldSizes) -> str:
+    """Which solution a train task's SFT pair carries, by a seeded hash of its program, or for the shortcut with
+    `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it)."""
     u = _unit(seed + 2, code)
-    return SHORTCUT if u < shortcut_fraction else SLOW if u < shortcut_fraction + slow_fraction else FAST
+    shortcut = (u if sizes.shortcut_unit == "task" else _unit(seed + 3, family)) < sizes.shortcut_fraction
+    if shortcut:
+        return SHORTCUT
+    return SLOW if sizes.shortcut_fraction <= u < sizes.shortcut_fraction + sizes.slow_fraction else FAST
 
 
 def random_spec(rng: random.Random, rows: tuple[int, ...] = ROWS, cols: tuple[int, ...] = COLS) -> Spec:
@@ -502,7 +509,8 @@ class WorldSizes:
     n_novel: int = 0  # families never trained: the generalisation column
     n_rl: int = 0  # RL's tasks: new instances of trained families whose solutions SFT never saw (0: the train tasks)
     novel_fraction: float = 0.2  # share of multi-step families never trained
-    shortcut_fraction: float = 0.0  # share of train tasks whose SFT solution is the libtorch shortcut
+    shortcut_fraction: float = 0.0  # share of train tasks (or families) whose SFT solution is the libtorch shortcut
+    shortcut_unit: str = "task"  # "task": a share of train tasks; "family": a share of families, all their instances
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
     rows: tuple[int, ...] = ROWS  # the input's row counts a program draws from
     cols: tuple[int, ...] = COLS  # and its column counts
@@ -515,6 +523,8 @@ class WorldSizes:
         if not (0 <= self.novel_fraction < 1 and 0 <= self.shortcut_fraction
                 and 0 <= self.slow_fraction and self.shortcut_fraction + self.slow_fraction <= 1):
             raise ConfigError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
+        if self.shortcut_unit not in SHORTCUT_UNITS:
+            raise ConfigError(f"world.shortcut_unit must be one of {SHORTCUT_UNITS}, got {self.shortcut_unit!r}")
 
 
 def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
@@ -552,8 +562,7 @@ def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
     for split in SPLITS:
         for k, spec in enumerate(found[split], 1):
             code = reference_program(spec)
-            variant = (train_variant(code, seed, sizes.shortcut_fraction, sizes.slow_fraction) if split == TRAIN
-                       else FAST)
+            variant = train_variant(code, spec.family, seed, sizes) if split == TRAIN else FAST
             cpu, cuda = solutions(spec, variant)
             tasks.append(WorldTask(id=f"demo-{split}/{k}", name=f"{k}_{spec.family.replace('>', '_')}",
                                    problem_id=k, split=split, family=spec.family, level=spec.level, reference=code,
