@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dice_kernels.model.tokenizer import chat_prompt, stop_token_ids
+from dice_kernels.model.tokenizer import stop_token_ids
 from dice_kernels.prompts import SYSTEM_PROMPT, e2e_user
 from dice_kernels.sampling import SamplingConfig, decode
 from dice_kernels.tasks import load_tasks
@@ -71,8 +71,7 @@ def main() -> None:
 
     gen = _generator(args)
     tasks = load_tasks(Path(args.tasks))[: args.n]
-    ids = [gen.tokenizer.encode(chat_prompt(gen.tokenizer, e2e_user(t.code, args.backend), SYSTEM_PROMPT),
-                                add_special_tokens=False) for t in tasks]
+    ids = gen.prompt_ids([e2e_user(t.code, args.backend) for t in tasks], system=SYSTEM_PROMPT)
     ids.sort(key=len, reverse=True)  # dice bench's order: longest prompts first
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, block_size=4, steps=4, strategy="static")
     stops = list(stop_token_ids(gen.tokenizer))

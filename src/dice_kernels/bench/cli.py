@@ -41,8 +41,8 @@ def bench(
                                        "Default: runs/bench-<time>."),
     samples: int = typer.Option(1, "--samples", "-k", help="Generations per task; the report adds pass@k for "
                                 "k = 1, 5, 10 and K (only meaningful with --temperature > 0)."),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts decoded at once (rows of the batch); a row whose output "
-                                    "ended takes the next waiting prompt."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Prompts decoded at once (rows of the batch); a "
+                                   "row whose output ended takes the next waiting prompt."),
     max_new_tokens: int = typer.Option(4096, help="Stop each generation after this many tokens (DICE: 4,096)."),
     block_size: int = typer.Option(4, help="Tokens per diffusion block (DICE: 4)."),
     steps: int = typer.Option(4, help="Denoising forwards per block (DICE: 4, i.e. 1 token per forward)."),

@@ -425,13 +425,9 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
     while True:
         # The one host sync per forward: the loop condition and the shapes of the next forward (with prompts
         # waiting, also which rows are done).
-        flags = torch.stack([state.done.all(), state.commit.any(), state.start.max()])
-        if rows.waiting:
-            flags = torch.cat([flags, state.done.long()])
-        all_done, any_commit, furthest, *done = flags.tolist()
+        all_done, any_commit, furthest, *done = _loop_flags(state, rows.waiting)
         if any(done) and rows.refill(state, done, cached, cfg.max_new_tokens, block, mask_id):
-            all_done, any_commit, furthest = torch.stack(
-                [state.done.all(), state.commit.any(), state.start.max()]).tolist()
+            all_done, any_commit, furthest = _loop_flags(state, False)
         if all_done:
             break
         if forwards == max_forwards:
@@ -443,6 +439,13 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
             advance(*propose(_uncached_forward(model, state, block, kv_len)))
         forwards += 1
     return rows.collect(state, cfg.max_new_tokens, block, forwards)
+
+
+def _loop_flags(state: _State, with_done: bool) -> list[int]:
+    """In one host sync: whether every row is done, whether any commits, the furthest row's block start and, with
+    `with_done`, each row's done flag."""
+    flags = torch.stack([state.done.all(), state.commit.any(), state.start.max()])
+    return (torch.cat([flags, state.done.long()]) if with_done else flags).tolist()
 
 
 @dataclass

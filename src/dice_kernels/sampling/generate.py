@@ -34,14 +34,18 @@ class Generator:
                         device: str | torch.device = "cpu") -> Generator:
         return cls(load_model(directory, dtype=dtype, device=device), load_tokenizer(directory))
 
+    def prompt_ids(self, prompts: list[str], chat: bool = True, system: str | None = None) -> list[list[int]]:
+        """The token ids `__call__` decodes after: each prompt, as a user turn in the chat format when `chat`."""
+        texts = [chat_prompt(self.tokenizer, p, system) if chat else p for p in prompts]
+        return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
     def __call__(self, prompts: list[str], cfg: SamplingConfig, chat: bool = True, system: str | None = None,
                  rows: int | None = None,
                  on_result: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Generate for each prompt; `chat` wraps it as a user turn in the checkpoint's chat format. `rows`: decode
         at most this many at once, a finished row taking the next waiting prompt; `on_result(i, result)` gets
         prompt i's result as soon as it is done."""
-        texts = [chat_prompt(self.tokenizer, p, system) if chat else p for p in prompts]
-        prompt_ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        prompt_ids = self.prompt_ids(prompts, chat, system)
         results: list[GenerationResult | None] = [None] * len(prompts)
 
         def done(i: int, r: Response) -> None:
