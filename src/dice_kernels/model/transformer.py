@@ -195,4 +195,7 @@ class BlockDiffusionLM(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: Attention, keep: slice = slice(None)) -> Tensor:
         """Logits [B, L', vocab] for the positions `keep` selects (all by default)."""
-        return self.lm_head(self.hidden_states(input_ids, positions, attn)[:, keep])
+        # contiguous: matmul folds a 3-D input into one GEMM only when it is, or when the weight requires grad;
+        # otherwise (a slice, weights frozen for sampling) it runs a batched GEMM that reads the whole 150k-vocab
+        # weight once per row: 2.3x the time of a committing decode forward at batch 128
+        return self.lm_head(self.hidden_states(input_ids, positions, attn)[:, keep].contiguous())
