@@ -15,6 +15,7 @@ from dice_kernels.model.transformer import LayerOps, attention_inputs, mlp_resid
 from dice_kernels.sampling import Generator, SamplingConfig, decode, decoder
 from dice_kernels.sampling.cli import generate
 from dice_kernels.prompts import e2e_user
+from dice_kernels.sampling import strategies
 from dice_kernels.sampling.strategies import choose_unmask, sample_tokens, transfer_count
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20, 21, 22]]  # 3, 8, 1, 6 tokens
@@ -191,6 +192,25 @@ def test_sample_tokens_filters():
     assert set(tokens.tolist()) == {0, 1, 2, 3}
 
 
+def test_sampling_draws_what_multinomial_draws_from_the_same_generator():
+    """The exponential race is torch.multinomial's one-draw algorithm on the same random numbers, without its
+    validity passes; the fused proposal (compiled on CUDA) takes the same draws and masks the mask token."""
+    logits = torch.randn(6, 4, 300) * 3
+    draw = torch.Generator().manual_seed(11)
+    tokens, conf = sample_tokens(logits, 0.7, 0, 1.0, draw)
+    probs = (logits / 0.7).softmax(-1)
+    expected = torch.multinomial(probs.view(-1, 300), 1, generator=torch.Generator().manual_seed(11)).view(6, 4)
+    assert torch.equal(tokens, expected)
+    assert torch.allclose(conf, probs.gather(-1, tokens[..., None])[..., 0])
+    logits[..., 5] = 50.0  # the mask token would win every draw
+    eager = decoder._proposals(logits.clone(), mask_id=5, temperature=0.7, top_k=0, top_p=1.0,
+                               generator=torch.Generator().manual_seed(2))
+    q = strategies.exponentials(logits.shape, torch.Generator().manual_seed(2), logits.device)
+    fused = decoder._race_proposals(logits, q, 5, 0.7)
+    assert torch.equal(fused[0], eager[0]) and (fused[0] != 5).all()
+    torch.testing.assert_close(fused[1], eager[1])
+
+
 # ---------------------------------------------------------------- text level: checkpoint, chat, CLI
 
 
@@ -294,21 +314,26 @@ def test_graphs_kept_from_an_earlier_call_decode_other_prompts_like_eager():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_compiled_layers_in_cuda_graphs_decode_like_eager():
-    """`compile=True` (inductor-fused layer regions, flex-decoding attention over the cache and fused greedy
-    proposals, captured into the graphs after a warm-up forward of each new shape) gives the tokens and trajectories
-    of eager uncompiled decoding, in fp32 where rounding cannot flip a token; a second call replays the graphs the
-    first one kept; with `rows=2` the rows take waiting prompts between replays."""
+@pytest.mark.parametrize("strategy, temperature", [("static", 0.0), ("dynamic", 1.0)])
+def test_compiled_layers_in_cuda_graphs_decode_like_eager(strategy, temperature):
+    """`compile=True` (inductor-fused layer regions, flex-decoding attention over the cache and fused greedy or
+    sampled proposals, captured into the graphs after a warm-up forward of each new shape) gives the tokens and
+    trajectories of eager uncompiled decoding, in fp32 where rounding cannot flip a token; a second call replays the
+    graphs the first one kept; with `rows=2` the rows take waiting prompts between replays."""
     model = tiny_model().cuda()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
-    cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True)
+    cfg = SamplingConfig(max_new_tokens=150, steps=2, compile=True, strategy=strategy, temperature=temperature,
+                         threshold=0.3, seed=3)
+    eager_cfg = SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False})
     compiled = decode(model, prompts, cfg, NO_STOP)
-    eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False, "cuda_graphs": False}), NO_STOP)
+    eager = decode(model, prompts, eager_cfg, NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
     assert decode(model, prompts, cfg, NO_STOP).tokens == eager.tokens
-    # two rows at a time: a row at max_new_tokens takes the next prompt, prefilled between graph replays
+    # two rows at a time: a row at max_new_tokens takes the next prompt, prefilled between graph replays (sampled
+    # rows draw other random numbers than the whole batch does, so the reference decodes two rows at a time too)
     refilled = decode(model, prompts, cfg, NO_STOP, rows=2)
-    assert (refilled.tokens, refilled.unmask_steps) == (eager.tokens, eager.unmask_steps)
+    eager_refilled = decode(model, prompts, eager_cfg, NO_STOP, rows=2)
+    assert (refilled.tokens, refilled.unmask_steps) == (eager_refilled.tokens, eager_refilled.unmask_steps)
 
 
 @pytest.mark.gpu

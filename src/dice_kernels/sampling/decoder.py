@@ -5,8 +5,8 @@ as a CUDA graph: a forward's few milliseconds of GPU work otherwise wait on ~25 
 The graphs, with the state, cache and stop-id tensors they read, are kept per model for the next call of the same
 shape (`release_graphs` frees them). `SamplingConfig.compile` also fuses each layer's element-wise work with
 torch.compile (`model.transformer.compiled_ops`), attends through compiled flex over the KV cache in place
-(`model.attention.cached_block_mask`) and proposes greedy tokens in one fused reduction, before the graphs capture
-it."""
+(`model.attention.cached_block_mask`) and proposes tokens in fused reductions (greedy, or sampled without top-k /
+top-p), before the graphs capture it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, block_diffusion_mask_mod,
                                           cached_block_mask, dense_mask)
 from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
-from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, sample_tokens, transfer_count
+from dice_kernels.sampling.strategies import (STRATEGIES, choose_unmask, exponential_race, exponentials,
+                                              sample_tokens, transfer_count)
 
 # A CUDA graph fixes every shape, so forwards attend over a span of cache slots rounded up to a multiple of this
 # (the mask hides the extra ones): one graph per (commit or not, span), ~80 captures per 4,096 tokens. The
@@ -49,10 +50,10 @@ class SamplingConfig:
     cuda_graphs: bool = True
     # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops), and
     # decode forwards' attention through compiled flex over the KV cache in place (attention.cached_block_mask),
-    # and greedy proposals as one fused reduction (_compiled_greedy_proposals): fewer, fused kernels a forward, for
-    # compiles on first use (the prefill's shape, then one dynamic-length compile for the decode shapes; flex and
-    # proposals: one per shape); tokens may differ from uncompiled decoding by low-precision rounding. Ignored on
-    # CPU.
+    # and proposals as fused reductions (_compiled_greedy_proposals; _compiled_race when sampling without top-k /
+    # top-p): fewer, fused kernels a forward, for compiles on first use (the prefill's shape, then one dynamic-length
+    # compile for the decode shapes; flex and proposals: one per shape); tokens may differ from uncompiled decoding
+    # by low-precision rounding. Ignored on CPU.
     compile: bool = False
 
     @property
@@ -290,11 +291,36 @@ def _compiled_greedy_proposals() -> Callable[..., tuple[Tensor, Tensor]]:
     return torch.compile(_greedy_proposals, dynamic=False, fullgraph=True)
 
 
+def _race_proposals(logits: Tensor, q: Tensor, mask_id: int, temperature: float) -> tuple[Tensor, Tensor]:
+    """Sampled `_proposals` without top-k / top-p, from the Exp(1) draws `q` that `_proposals` would draw."""
+    logits = logits.float()
+    logits = torch.where(torch.arange(logits.shape[-1], device=logits.device) == mask_id, float("-inf"), logits)
+    probs = (logits / temperature).softmax(-1)
+    tokens = exponential_race(probs, q)
+    return tokens, probs.gather(-1, tokens[..., None])[..., 0]
+
+
+@functools.cache
+def _compiled_race() -> Callable[..., tuple[Tensor, Tensor]]:
+    """`_race_proposals` through torch.compile: two fused passes over the bf16 logits and the draws, where eager
+    writes and rereads fp32 copies, scaled logits and probabilities (~10 passes over 300 MB at batch 128)."""
+    return torch.compile(_race_proposals, dynamic=False, fullgraph=True)
+
+
+def _compiled_sampled_proposals(logits: Tensor, *, mask_id: int, temperature: float,
+                                generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    q = exponentials(logits.shape, generator, logits.device)  # eager: the random stream of uncompiled sampling
+    return _compiled_race()(logits, q, mask_id, temperature)
+
+
 def _proposer(cfg: SamplingConfig, mask_id: int, generator: torch.Generator | None,
               compiled: bool) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
-    """`_proposals` for these settings; compiled when decoding compiles and the choice is greedy."""
+    """`_proposals` for these settings; compiled when decoding compiles, greedy or sampled without filters."""
     if compiled and cfg.greedy:
         return functools.partial(_compiled_greedy_proposals(), mask_id=mask_id)
+    if compiled and cfg.top_k == 0 and cfg.top_p == 1.0:
+        return functools.partial(_compiled_sampled_proposals, mask_id=mask_id, temperature=cfg.temperature,
+                                 generator=generator)
     return functools.partial(_proposals, mask_id=mask_id, temperature=cfg.temperature, top_k=cfg.top_k,
                              top_p=cfg.top_p, generator=generator)
 

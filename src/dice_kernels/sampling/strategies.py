@@ -30,9 +30,20 @@ def sample_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
         drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(-1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    tokens = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    tokens = exponential_race(probs, exponentials(probs.shape, generator, probs.device))
     return tokens, probs.gather(-1, tokens[..., None])[..., 0]
+
+
+def exponentials(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Exp(1) draws for `exponential_race`: the random numbers torch.multinomial draws for one sample per row."""
+    return torch.empty(shape, device=device).exponential_(generator=generator)
+
+
+def exponential_race(probs: Tensor, q: Tensor) -> Tensor:
+    """One token per position, drawn from `probs` [..., V] by the exponential race: argmax of p / q, q ~ Exp(1).
+    torch.multinomial(probs, 1) does the same from the same draws, after two validity passes over the 150k-vocab
+    probabilities (a host sync in older PyTorch), which sampled probabilities never need."""
+    return (probs / q).argmax(-1)
 
 
 def transfer_count(masked_at_start: Tensor, step: Tensor, steps: int) -> Tensor:
