@@ -126,23 +126,26 @@ def test_layer_regions_trace_whole_and_decode_like_eager():
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
-def test_cached_flex_attention_decodes_like_eager(monkeypatch):
-    """Compiled decoding attends through flex over the whole KV cache (`cached_block_mask`) and proposes greedy tokens
-    through one traced graph; run here on CPU (eager flex, regions and proposals traced by aot_eager) by letting
-    compile=True act on CPU, it gives uncompiled decoding's tokens, with rows at different blocks and forwards that
-    commit."""
+@pytest.mark.parametrize("strategy, temperature", [("static", 0.0), ("dynamic", 1.0)])
+def test_cached_flex_attention_decodes_like_eager(monkeypatch, strategy, temperature):
+    """Compiled decoding attends through flex over the whole KV cache (`cached_block_mask`) and proposes greedy or
+    sampled tokens through one traced graph; run here on CPU (eager flex, regions and proposals traced by aot_eager)
+    by letting compile=True act on CPU, it gives uncompiled decoding's tokens, with rows at different blocks and
+    forwards that commit."""
     model = tiny_model()
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
     traced = _traced_layer_ops()
     proposals = []
-    traced_proposals = torch.compile(decoder._greedy_proposals, fullgraph=True, backend="aot_eager")
+    traced_greedy = torch.compile(decoder._greedy_proposals, fullgraph=True, backend="aot_eager")
+    traced_sampled = torch.compile(decoder._proposals, fullgraph=True, backend="aot_eager")
     monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
     monkeypatch.setattr(decoder, "compiled_ops", lambda: traced)
-    monkeypatch.setattr(decoder, "_compiled_greedy_proposals",
-                        lambda: lambda *a, **k: proposals.append(1) or traced_proposals(*a, **k))
+    for name, trace in (("_compiled_greedy_proposals", traced_greedy), ("_compiled_sampled", traced_sampled)):
+        monkeypatch.setattr(decoder, name, lambda trace=trace: lambda *a, **k: proposals.append(1) or trace(*a, **k))
     flex_calls = []
     monkeypatch.setattr(attention, "_flex_gqa", lambda *args: flex_calls.append(1) or flex_gqa(*args))
-    cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True)
+    cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True, strategy=strategy, temperature=temperature,
+                         threshold=0.3, seed=3)
     compiled = decode(model, prompts, cfg, NO_STOP)
     assert flex_calls and proposals  # the decode forwards went through flex, their proposals through the trace
     eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False}), NO_STOP)
@@ -194,7 +197,8 @@ def test_sample_tokens_filters():
 
 def test_sampling_draws_what_multinomial_draws_from_the_same_generator():
     """The exponential race is torch.multinomial's one-draw algorithm on the same random numbers, without its
-    validity passes; the fused proposal (compiled on CUDA) takes the same draws and masks the mask token."""
+    validity passes; proposals from draws given (as compiled decoding passes them) are those the generator draws,
+    and never the mask token."""
     logits = torch.randn(6, 4, 300) * 3
     draw = torch.Generator().manual_seed(11)
     tokens, conf = sample_tokens(logits, 0.7, 0, 1.0, draw)
@@ -203,12 +207,12 @@ def test_sampling_draws_what_multinomial_draws_from_the_same_generator():
     assert torch.equal(tokens, expected)
     assert torch.allclose(conf, probs.gather(-1, tokens[..., None])[..., 0])
     logits[..., 5] = 50.0  # the mask token would win every draw
-    eager = decoder._proposals(logits.clone(), mask_id=5, temperature=0.7, top_k=0, top_p=1.0,
+    drawn = decoder._proposals(logits.clone(), mask_id=5, temperature=0.7, top_k=0, top_p=1.0,
                                generator=torch.Generator().manual_seed(2))
-    q = strategies.exponentials(logits.shape, torch.Generator().manual_seed(2), logits.device)
-    fused = decoder._race_proposals(logits, q, 5, 0.7)
-    assert torch.equal(fused[0], eager[0]) and (fused[0] != 5).all()
-    torch.testing.assert_close(fused[1], eager[1])
+    draws = strategies.exponentials(logits.shape, torch.Generator().manual_seed(2), logits.device)
+    given = decoder._proposals(logits, mask_id=5, temperature=0.7, top_k=0, top_p=1.0, generator=None, draws=draws)
+    assert torch.equal(given[0], drawn[0]) and (given[0] != 5).all()
+    torch.testing.assert_close(given[1], drawn[1])
 
 
 # ---------------------------------------------------------------- text level: checkpoint, chat, CLI

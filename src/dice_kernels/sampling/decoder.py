@@ -23,8 +23,7 @@ from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, block_diffusion_mask_mod,
                                           cached_block_mask, dense_mask)
 from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
-from dice_kernels.sampling.strategies import (STRATEGIES, choose_unmask, exponential_race, exponentials,
-                                              sample_tokens, transfer_count)
+from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, exponentials, sample_tokens, transfer_count
 
 # A CUDA graph fixes every shape, so forwards attend over a span of cache slots rounded up to a multiple of this
 # (the mask hides the extra ones): one graph per (commit or not, span), ~80 captures per 4,096 tokens. The
@@ -50,7 +49,7 @@ class SamplingConfig:
     cuda_graphs: bool = True
     # CUDA: run each layer's two element-wise regions through torch.compile (model.transformer.compiled_ops), and
     # decode forwards' attention through compiled flex over the KV cache in place (attention.cached_block_mask),
-    # and proposals as fused reductions (_compiled_greedy_proposals; _compiled_race when sampling without top-k /
+    # and proposals as fused reductions (_compiled_greedy_proposals; _compiled_sampled when sampling without top-k /
     # top-p): fewer, fused kernels a forward, for compiles on first use (the prefill's shape, then one dynamic-length
     # compile for the decode shapes; flex and proposals: one per shape); tokens may differ from uncompiled decoding
     # by low-precision rounding. Ignored on CPU.
@@ -270,13 +269,13 @@ def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len
 
 
 def _proposals(logits: Tensor, *, mask_id: int, temperature: float, top_k: int, top_p: float,
-               generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+               generator: torch.Generator | None, draws: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Each position's token and its confidence from the block's logits [B, block, V], computed in fp32; the mask
-    token is never a prediction."""
+    token is never a prediction. Sampled from `draws` when given (`sample_tokens`)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     logits[..., mask_id] = float("-inf")
-    return sample_tokens(logits, temperature, top_k, top_p, generator)
+    return sample_tokens(logits, temperature, top_k, top_p, generator, draws)
 
 
 def _greedy_proposals(logits: Tensor, mask_id: int) -> tuple[Tensor, Tensor]:
@@ -291,26 +290,19 @@ def _compiled_greedy_proposals() -> Callable[..., tuple[Tensor, Tensor]]:
     return torch.compile(_greedy_proposals, dynamic=False, fullgraph=True)
 
 
-def _race_proposals(logits: Tensor, q: Tensor, mask_id: int, temperature: float) -> tuple[Tensor, Tensor]:
-    """Sampled `_proposals` without top-k / top-p, from the Exp(1) draws `q` that `_proposals` would draw."""
-    logits = logits.float()
-    logits = torch.where(torch.arange(logits.shape[-1], device=logits.device) == mask_id, float("-inf"), logits)
-    probs = (logits / temperature).softmax(-1)
-    tokens = exponential_race(probs, q)
-    return tokens, probs.gather(-1, tokens[..., None])[..., 0]
-
-
 @functools.cache
-def _compiled_race() -> Callable[..., tuple[Tensor, Tensor]]:
-    """`_race_proposals` through torch.compile: two fused passes over the bf16 logits and the draws, where eager
-    writes and rereads fp32 copies, scaled logits and probabilities (~10 passes over 300 MB at batch 128)."""
-    return torch.compile(_race_proposals, dynamic=False, fullgraph=True)
+def _compiled_sampled() -> Callable[..., tuple[Tensor, Tensor]]:
+    """`_proposals` through torch.compile, for sampling from given draws: fused passes over the bf16 logits and the
+    draws, where eager writes and rereads fp32 copies, scaled logits and probabilities (~10 passes over 300 MB at
+    batch 128). One compile per logits shape and temperature."""
+    return torch.compile(_proposals, dynamic=False, fullgraph=True)
 
 
 def _compiled_sampled_proposals(logits: Tensor, *, mask_id: int, temperature: float,
                                 generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    q = exponentials(logits.shape, generator, logits.device)  # eager: the random stream of uncompiled sampling
-    return _compiled_race()(logits, q, mask_id, temperature)
+    draws = exponentials(logits.shape, generator, logits.device)  # eager: the random stream of uncompiled sampling
+    return _compiled_sampled()(logits, mask_id=mask_id, temperature=temperature, top_k=0, top_p=1.0, generator=None,
+                               draws=draws)
 
 
 def _proposer(cfg: SamplingConfig, mask_id: int, generator: torch.Generator | None,

@@ -10,10 +10,12 @@ STRATEGIES = ("static", "dynamic", "sequential")
 
 
 def sample_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
-                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+                  generator: torch.Generator | None, draws: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Token and confidence (its probability under the distribution actually sampled) per position.
 
     logits [..., V] in fp32. temperature 0 (or top_k 1) is greedy; top_k 0 and top_p 1 switch those filters off.
+    Sampling races the probabilities against `draws` (`exponentials` of the logits' shape), drawn from `generator`
+    when not given.
     """
     if temperature == 0 or top_k == 1:
         probs = logits.softmax(-1)
@@ -30,20 +32,18 @@ def sample_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
         drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(-1)
-    tokens = exponential_race(probs, exponentials(probs.shape, generator, probs.device))
+    if draws is None:
+        draws = exponentials(probs.shape, generator, probs.device)
+    # the exponential race, argmax of p / q with q ~ Exp(1): what torch.multinomial(probs, 1) draws from the same
+    # random numbers, without its two validity passes over the 150k-vocab probabilities (a host sync in older
+    # PyTorch), which a softmax's output never needs
+    tokens = (probs / draws).argmax(-1)
     return tokens, probs.gather(-1, tokens[..., None])[..., 0]
 
 
 def exponentials(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """Exp(1) draws for `exponential_race`: the random numbers torch.multinomial draws for one sample per row."""
+    """Exp(1) draws for `sample_tokens`: the random numbers torch.multinomial draws for one sample per row."""
     return torch.empty(shape, device=device).exponential_(generator=generator)
-
-
-def exponential_race(probs: Tensor, q: Tensor) -> Tensor:
-    """One token per position, drawn from `probs` [..., V] by the exponential race: argmax of p / q, q ~ Exp(1).
-    torch.multinomial(probs, 1) does the same from the same draws, after two validity passes over the 150k-vocab
-    probabilities (a host sync in older PyTorch), which sampled probabilities never need."""
-    return (probs / q).argmax(-1)
 
 
 def transfer_count(masked_at_start: Tensor, step: Tensor, steps: int) -> Tensor:
