@@ -9,9 +9,12 @@ settings (rate, steps, groups) without a harness: a step costs a rollout and an 
 the robust check, partial credit, speed, or a correct program written another way (paid 0 here).
 
 Each rate in --lrs starts from the same SFT checkpoint and trains --steps steps on the world's RL tasks; before it
-and every --eval-every steps the greedy programs of the validation tasks are scored the same way. Printed: the
-train reward per step (mean over the step's rollouts), the validation match rate with Wilson intervals, and the
-paired difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last
+and every --eval-every steps the greedy programs of the validation tasks are scored the same way (`--samples K`: K
+programs a task sampled at the rollouts' temperature with the same seed at every evaluation, each task scored by
+its mean: a finer figure than one greedy program, whose flips on near-threshold tasks widen a paired interval).
+Printed: the train reward per step (mean over the step's rollouts), the validation match rate with its interval
+(Wilson; a bootstrap over tasks with --samples), and the paired difference (last evaluation − SFT, 95 % paired
+bootstrap over the tasks). The rate with the best last
 validation figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result.
 The world and SFT come from the demo stages (`dice demo`'s own functions; an --out that has them is reused; give a
 new --out when world sizes change):
@@ -87,16 +90,20 @@ def split_tasks(cfg, files, split: str):
     return load_task_set(path, "e2e")
 
 
-def greedy_scores(step_fn, tasks, reward: TemplateReward, at: int) -> dict[str, list[float]]:
-    """{task id: [1.0 or 0.0]} of the policy's greedy programs."""
+def policy_scores(step_fn, tasks, reward: TemplateReward, samples: int) -> dict[str, list[float]]:
+    """{task id: [1.0 or 0.0 per program]} of the policy's greedy program (`samples` 0, as the benchmark decodes),
+    or of `samples` programs sampled at the rollouts' temperature (seeded alike at every evaluation)."""
     from dice_kernels.train.rl.rollout import generate_rollouts
 
     r = step_fn.rollout
-    sampling = dataclasses.replace(r.sampling(), temperature=0.0, seed=0)  # greedy, as the benchmark decodes
+    sampling = dataclasses.replace(r.sampling(), temperature=r.sampling().temperature if samples else 0.0, seed=0)
     policy = step_fn.policy.refresh(step_fn.model)  # the unsharded copy the rollouts decode with
-    rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, 1, "e2e", step_fn.backend, sampling,
-                                 r.batch_rows, 1_000 + at, step_fn.stop_ids)
-    return {x.task.id: [reward.paid(x.task.id, x.candidate.code)] for x in rollouts}
+    rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, samples or 1, "e2e", step_fn.backend, sampling,
+                                 r.batch_rows, 1_000, step_fn.stop_ids)
+    scores: dict[str, list[float]] = {}
+    for x in rollouts:
+        scores.setdefault(x.task.id, []).append(reward.paid(x.task.id, x.candidate.code))
+    return scores
 
 
 def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, reward: TemplateReward, dist,
@@ -123,15 +130,19 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
                      attention_backend(parallel, dist.device), cfg.backend, dist,
                      PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
     curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
-    evals = {0: greedy_scores(step_fn, valid, reward, 0)}
-    heldout_sft = greedy_scores(step_fn, heldout, reward, 0)
+    def scores(tasks) -> dict[str, list[float]]:
+        return policy_scores(step_fn, tasks, reward, args.samples)
+
+    evals = {0: scores(valid)}
+    echo(f"lr {lr:g}: SFT's validation {100 * rate_interval(evals[0]).value:.1f} % of {len(valid)} tasks")
+    heldout_sft = scores(heldout)
     train, updates = [], 0
     for step in range(args.steps):
         stats = step_fn(step, "e2e", curriculum.next_batch())
         train.append(stats.reward_mean)
         updates += len(stats.updates)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            evals[step + 1] = greedy_scores(step_fn, valid, reward, step + 1)
+            evals[step + 1] = scores(valid)
         echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
              f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates)"
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
@@ -143,18 +154,20 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
             "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
             "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),
-                        "last": dataclasses.asdict(rate_interval(final := greedy_scores(step_fn, heldout, reward, last))),
-                        "last_minus_sft": compare(final, heldout_sft, f"step {last}")}}
+                        "last": dataclasses.asdict(rate_interval(final := scores(heldout))),
+                        "last_minus_sft": compare(final, heldout_sft, f"step {last}"),
+                        # per task, for pairing across runs (demo/stats.py's runs_difference over seeds)
+                        "scores": {"sft": heldout_sft, "last": final}}}
 
 
 def compare(after: dict[str, list[float]], before: dict[str, list[float]], name: str) -> dict:
-    """after − before over the tasks (95 % paired bootstrap), with the tasks gained and lost."""
+    """after − before over the tasks (95 % paired bootstrap), with the tasks whose mean score rose and fell."""
     from dice_kernels.demo.stats import paired_difference
 
     diff = paired_difference(after, before, (name, "SFT"))
+    mean = {t: (sum(after[t]) / len(after[t]), sum(before[t]) / len(before[t])) for t in before}
     return {**dataclasses.asdict(diff.diff), "verdict": diff.verdict,
-            "gained": sum(after[t][0] > before[t][0] for t in before),
-            "lost": sum(after[t][0] < before[t][0] for t in before)}
+            "gained": sum(a > b for a, b in mean.values()), "lost": sum(a < b for a, b in mean.values())}
 
 
 def smoke_overrides() -> list[str]:
@@ -179,6 +192,9 @@ def main() -> None:
                     help="only tasks whose program has at most N steps (element-wise ops and the reduction), in "
                          "RL, validation and held-out alike (0: all): 1 keeps single operators, where the SFT "
                          "model's usual failure is the operator it copies from the prompt")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="score validation and held-out by this many programs a task sampled at the rollouts' "
+                         "temperature, each task's mean paired (0: one greedy program, as the benchmark decodes)")
     ap.add_argument("--smoke", action="store_true", help="a tiny world and model, 2 steps (CPU)")
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
@@ -218,7 +234,8 @@ def main() -> None:
                 for lr in args.lrs.split(",")]
     finally:
         shutdown()
-    print(f"\n{len(valid)} validation tasks, greedy; train reward: mean of {cfg.rl.tasks_per_step} x {cfg.rl.group} "
+    scoring = f"{args.samples} samples a task at temperature {cfg.rl.temperature:g}" if args.samples else "greedy"
+    print(f"\n{len(valid)} validation tasks, {scoring}; train reward: mean of {cfg.rl.tasks_per_step} x {cfg.rl.group} "
           "rollouts a step (template match)\n")
     print("| rl.lr | updates | train reward, first / last 5 steps | validation: SFT -> last | last − SFT (paired) |")
     print("|---|---|---|---|---|")
@@ -241,6 +258,7 @@ def main() -> None:
           f"({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
     (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
                                                     "rl_tasks": args.rl_tasks, "max_chain": args.max_chain,
+                                                    "samples": args.samples,
                                                     "sft_operator_copy": copy,
                                                     "validation_tasks": len(valid), "heldout_tasks": len(heldout),
                                                     "chosen_lr": chosen["lr"], "runs": runs}, indent=1))

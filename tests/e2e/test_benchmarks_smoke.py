@@ -170,16 +170,19 @@ def test_rl_learning_probe(tmp_path):
     changed = program.replace("(n + 255) / 256", "(n + 127) / 128")  # another launch: not the template
     assert reward.score(0, [(task, candidate_from_text(f"```python\n{c}\n```", id=str(k)))
                             for k, c in enumerate((program, reindented, changed, ""))]).rewards == [1, 1, 0, 0]
-    # RL on one fixed task (--rl-tasks 1), every program of at most 4 steps (the world's longest)
+    # RL on one fixed task (--rl-tasks 1), every program of at most 4 steps (the world's longest), each task scored
+    # by 3 sampled programs
     out = _smoke("rl_learning_probe.py", "--out", str(tmp_path / "p"), "--rl-tasks", "1", "--max-chain", "4",
-                 cwd=tmp_path)
+                 "--samples", "3", cwd=tmp_path)
     assert "| rl.lr | updates |" in out
-    assert "chosen on validation: rl.lr" in out
+    assert "chosen on validation: rl.lr" in out and "3 samples a task at temperature 0.7" in out
     probe = _json(tmp_path / "p" / "probe.json")
-    assert (probe["rl_tasks"], probe["max_chain"]) == (1, 4)
+    assert (probe["rl_tasks"], probe["max_chain"], probe["samples"]) == (1, 4, 3)
+    held = probe["runs"][0]["heldout"]["scores"]
+    assert {len(s) for arm in ("sft", "last") for s in held[arm].values()} == {3}
     run = probe["runs"][0]
     assert [e["step"] for e in run["validation"]] == [0, 1, 2] and len(run["train_reward"]) == 2
-    assert set(run["heldout"]) == {"sft", "last", "last_minus_sft"}
+    assert set(run["heldout"]) == {"sft", "last", "last_minus_sft", "scores"}
 
 
 def test_warm_workers(tmp_path, build_cache):

@@ -1,6 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
-per scale (cpu: under 20 minutes of two idle cores; gpu: over 25 minutes of stages on one H200, estimated from a run cut
-after its first RL steps; docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
+per scale (cpu: under 20 minutes of two idle cores; gpu: five arms with CUDA kernels on one GPU, not yet run to its
+end; docs/demo.md). The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -194,9 +194,9 @@ class DemoConfig:
 def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
     train reward per RL step on 8 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
-    build cache. gpu: all five arms on 128 held-out tasks with CUDA kernels, RL on its own split, rl.lr chosen on
-    the validation split, a held-out learning curve; over 1,500 s of stages on an H200 (estimated from a run at
-    f7efcce cut after its first RL steps)."""
+    build cache. gpu: all five arms on 128 held-out tasks with CUDA kernels, RL on its own split, the SFT length and
+    the RL update and rate chosen on the validation split by the learning probe, a held-out learning curve; not yet
+    run to its end (docs/demo.md)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
         # the world's C++ kernels build without torch's header, against a precompiled stub (~0.4 s of a core:
@@ -220,18 +220,18 @@ def preset(scale: str, out: Path) -> DemoConfig:
                            cols=(1024, 2048, 4096)),
         model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                          num_key_value_heads=2, head_dim=64),
-        # stopped early when RL drew the train tasks: at 2,000 steps (loss 5e-5) every RL rollout was correct, so RL
-        # had nothing to learn; at 800, 31-50 % were. On the RL split (tasks SFT never saw) that reason is gone and
-        # the step count is open (docs/demo.md)
-        sft=SFTSection(steps=800, batch_rows=32, lr=2e-3),
-        # every distinct rollout is a CUDA build; the world's CUDA units include no torch header, and a step of 32
-        # rollouts took 24-37 s on 16 cores (H200, f7efcce), as 16 took with torch in the unit. With a fresh AdamW
-        # every step each update moves every weight by ~lr whatever the signal (the first is sign(g) * lr), so the
-        # rate is chosen on the validation split: at 2e-4 and one update a step (H200, 2026-12-04) RL changed 87 of
-        # 128 greedy outputs and Exec did not move; of 2e-5 and 1e-4 with 32-row updates (~one per trained rollout)
-        # validation preferred 2e-5
-        rl=RLSection(infill_steps=4, e2e_steps=8, tasks_per_step=8, group=4, lr=1e-5, lr_grid=(1e-5, 3e-5),
-                     export_every=6),
+        # chosen on the validation split by benchmarks/rl_learning_probe.py (H100, 2026-12-06; docs/demo.md): SFT's
+        # greedy programs matched a template on 25 % of the validation tasks after 1,000 steps, 79 % after 1,400 and
+        # 100 % after 2,400 (the first operator line right in 21, 52 and 63 of 64 training samples): 1,400 reads the
+        # prompt and leaves RL headroom
+        sft=SFTSection(steps=1400, batch_rows=32, lr=2e-3),
+        # the update and rate chosen there on validation (24-48 steps of 8 x 4 from that SFT): the AdamW state kept
+        # and one update a step at 3e-5 (79.2 -> 83.3 %); DICE's rule as the demo scales it (a fresh AdamW a step,
+        # 32-row updates) 81.2 % at 3e-5 with 17 held-out outputs gained and 21 lost; kept at 1e-5 79.2 %, at 1e-4
+        # 64.6 %. No rl.lr_grid: its runs would repeat that choice at the price of an RL arm. Every distinct rollout
+        # is a CUDA build (a step of 32 rollouts took 24-37 s on 16 cores with the 800-step SFT, H200, f7efcce)
+        rl=RLSection(infill_steps=4, e2e_steps=12, tasks_per_step=8, group=4, lr=3e-5, rows_per_update=0,
+                     reset_optimizer=False, export_every=8),
         # the primary comparison (BiC-RL with our reward against SFT) first, then DICE's reward: an interrupted run
         # has the arms that matter most
         arms=("sft", "bicrl_robust", "e2e_dice", "e2e_robust", "bicrl_dice"),
