@@ -8,7 +8,8 @@ Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, ra
 4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
 checkpointing unless `--no-activation-checkpointing`); seconds per phase and peak GPU memory. Rollout tokens/s is
 split into row-forwards/s (the decoder's speed) and tokens per row-forward (the model's confidence: about 1 for
-random weights). Random weights write no code,
+random weights), with the batch's forwards, the share that committed a block (every row sends a committing
+forward's queries when any row commits) and the rows busy in an average one. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
 apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
@@ -123,12 +124,39 @@ def _decode_rates(rollouts: list, seconds: float, block: int, name: str) -> dict
     """Tokens/s, and what it is made of: row-forwards/s (a row's denoising forwards, one per block and step that
     unmasked a token; the decoder's speed) times tokens per row-forward (up to the block size: how confident the
     model is). Random weights are unconfident, about one token a forward under the dynamic strategy; the same
-    decoder gives a trained model's rollouts proportionally more tokens/s."""
+    decoder gives a trained model's rollouts proportionally more tokens/s. Also the batch's own forwards
+    (`batch_forwards`: the step decodes every rollout in one batch), how many of them committed a block, and the
+    rows busy in an average one."""
     from dice_kernels.train.rl.tracerl import denoising_rows
     tokens = sum(len(r.trajectory.tokens) for r in rollouts)
     row_forwards = sum(denoising_rows(r.trajectory, block) for r in rollouts)
+    forwards, committing, busy = batch_forwards([r.trajectory for r in rollouts], block)
     return {f"{name}_tokens_per_s": tokens / seconds, f"{name}_row_forwards_per_s": row_forwards / seconds,
-            f"{name}_tokens_per_row_forward": tokens / max(row_forwards, 1)}
+            f"{name}_tokens_per_row_forward": tokens / max(row_forwards, 1), f"{name}_forwards": forwards,
+            f"{name}_committing_forwards": committing, f"{name}_rows_per_forward": busy / max(forwards, 1),
+            f"{name}_ms_per_forward": 1e3 * seconds / max(forwards, 1)}
+
+
+def batch_forwards(trajectories: list, block: int) -> tuple[int, int, int]:
+    """(forwards, committing forwards, row-forwards) of one `decode` batch that held every trajectory's row from its
+    first forward (no refill), rebuilt from the trajectories: a row spends on each block of its grid as many
+    forwards as the block's last unmasking step + 1, and the first forward of each later block commits the
+    finished one (writes its K/V: twice the queries, for every row of the batch, when any row commits). The batch
+    runs until its longest row ends; a row that has ended idles in it."""
+    commits: set[int] = set()
+    forwards = busy = 0
+    for t in trajectories:
+        last_step: dict[int, int] = {}
+        for j, step in enumerate(t.steps + t.tail_steps):
+            b = (len(t.prompt) + j) // block
+            last_step[b] = max(last_step.get(b, 0), step)
+        at = 0
+        for k, b in enumerate(sorted(last_step)):
+            if k:
+                commits.add(at)
+            at += last_step[b] + 1
+        forwards, busy = max(forwards, at), busy + at
+    return forwards, len(commits), busy
 
 
 def _rollout_compare(step, tasks: list) -> list[dict]:
@@ -279,6 +307,10 @@ def main() -> None:
             print(f"{label}: {s[f'{name}_tokens_per_s']:,.0f} tokens/s = "
                   f"{s[f'{name}_row_forwards_per_s']:,.0f} row-forwards/s x "
                   f"{s[f'{name}_tokens_per_row_forward']:.2f} tokens per row-forward")
+            print(f"  {s[f'{name}_forwards']:,} forwards of the batch, {s[f'{name}_ms_per_forward']:.1f} ms each: "
+                  f"{s[f'{name}_committing_forwards']:,} committing "
+                  f"({100 * s[f'{name}_committing_forwards'] / max(s[f'{name}_forwards'], 1):.0f} %), "
+                  f"{s[f'{name}_rows_per_forward']:.1f} of {s['rollouts']} rows busy in an average one")
     print(f"tokens generated {s['tokens_generated']:,}, trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB")

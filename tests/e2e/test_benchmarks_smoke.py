@@ -255,3 +255,43 @@ def test_prepare_corpora(tmp_path, shared_data):
     assert len((tmp_path / "c" / "dice99" / "tasks.jsonl").read_text().splitlines()) == 2
     assert len(list((tmp_path / "c" / "leaderboard" / "solutions").rglob("*.py"))) == 4
     assert out.startswith("dice pairs: 2   leaderboard solutions: 4")
+
+
+@pytest.mark.parametrize("threshold, stop", [(0.05, False), (0.3, True)])
+def test_rl_step_rebuilds_the_batch_forwards_of_a_decode(monkeypatch, threshold, stop):
+    """`rl_step.batch_forwards` rebuilds, from the rollouts' trajectories alone, the forwards a one-batch decode ran
+    and how many of them committed a block: dynamic remasking at a low threshold, so rows finish their blocks in
+    different forwards, prompts whose first block the prompt partly fills, and rows that stop early."""
+    from model_fixtures import VOCAB, tiny_model
+
+    from dice_kernels.sampling import SamplingConfig, decode, decoder
+    from dice_kernels.train.rl.tracerl import Trajectory
+
+    sys.path.insert(0, str(BENCH))
+    from rl_step import batch_forwards
+
+    committing = []
+    call = decoder._CachedForward.__call__
+
+    def counting(self, state, any_commit, kv_len):
+        committing.append(any_commit)
+        return call(self, state, any_commit, kv_len)
+
+    monkeypatch.setattr(decoder._CachedForward, "__call__", counting)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20, 21, 22]]
+    cfg = SamplingConfig(max_new_tokens=24, steps=4, strategy="dynamic", threshold=threshold, temperature=1.0,
+                         seed=3)
+    model = tiny_model()
+    stops = [VOCAB + 1]
+    if stop:  # a token the second row writes after its first block: that row ends early
+        free = decode(model, prompts, cfg, stops)
+        stops = [next(t for t in free.tokens[1][5:] if t not in free.tokens[1][:5])]
+        committing.clear()
+    out = decode(model, prompts, cfg, stops)
+    trajs = [Trajectory(p, t, s, tail, tail_steps) for p, t, s, tail, tail_steps
+             in zip(prompts, out.tokens, out.unmask_steps, out.tail_tokens, out.tail_steps)]
+    forwards, commits, busy = batch_forwards(trajs, 4)
+    assert (forwards, commits) == (out.forwards, sum(committing)) == (len(committing), sum(committing))
+    assert 0 < commits < forwards
+    assert busy < 4 * forwards  # rows end in different forwards and idle in the batch until the last one ends
+    assert out.stopped[1] == stop
