@@ -47,10 +47,12 @@ def normalised(code: str | None) -> tuple[str, ...]:
 
 class TemplateReward:
     """A reward service for RLStep (`score(step, pairs)`) paying 1 for a program equal to one of its task's
-    templates."""
+    templates. It also counts each call's distinct programs (`distinct`): the builds an execution reward would pay
+    for that step at most (identical programs share one build and verdict)."""
 
     def __init__(self, templates: dict[str, set[tuple[str, ...]]]):
         self.templates = templates
+        self.distinct: list[int] = []
 
     def paid(self, task_id: str, code: str | None) -> float:
         return float(normalised(code) in self.templates[task_id])
@@ -60,6 +62,7 @@ class TemplateReward:
 
         start = time.monotonic()
         rewards = [self.paid(task.id, cand.code) for task, cand in pairs]
+        self.distinct.append(len({cand.code for _, cand in pairs if cand.code is not None}))
         matched = int(sum(rewards))
         return StepRewards(rewards=rewards, results=[], seconds=time.monotonic() - start,
                            outcomes={"template": matched, "other": len(rewards) - matched})
@@ -144,13 +147,15 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals[step + 1] = scores(valid)
         echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
-             f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates)"
+             f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates, "
+             f"{reward.distinct[-1]} distinct programs)"
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
     n = r.tasks_per_step * r.group
     last = max(evals)
     return {"lr": lr, "updates": updates,
-            "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n))}
-                             for k, m in enumerate(train)],
+            "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n)),
+                              "distinct_programs": d}
+                             for k, (m, d) in enumerate(zip(train, reward.distinct[-len(train):]))],
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
             "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
             "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),
@@ -237,13 +242,16 @@ def main() -> None:
     scoring = f"{args.samples} samples a task at temperature {cfg.rl.temperature:g}" if args.samples else "greedy"
     print(f"\n{len(valid)} validation tasks, {scoring}; train reward: mean of {cfg.rl.tasks_per_step} x {cfg.rl.group} "
           "rollouts a step (template match)\n")
-    print("| rl.lr | updates | train reward, first / last 5 steps | validation: SFT -> last | last − SFT (paired) |")
-    print("|---|---|---|---|---|")
+    print("| rl.lr | updates | distinct programs a step | train reward, first / last 5 steps | validation: SFT -> last "
+          "| last − SFT (paired) |")
+    print("|---|---|---|---|---|---|")
     for run in runs:
         tr, va, d = run["train_reward"], run["validation"], run["last_minus_sft"]
         head = sum(x["mean"] for x in tr[:5]) / len(tr[:5])
         tail = sum(x["mean"] for x in tr[-5:]) / len(tr[-5:])
-        print(f"| {run['lr']:g} | {run['updates']} | {100 * head:.1f} / {100 * tail:.1f} % | "
+        distinct = sum(x["distinct_programs"] for x in tr) / len(tr)
+        print(f"| {run['lr']:g} | {run['updates']} | {distinct:.1f} of {cfg.rl.tasks_per_step * cfg.rl.group} | "
+              f"{100 * head:.1f} / {100 * tail:.1f} % | "
               f"{100 * va[0]['value']:.1f} -> {100 * va[-1]['value']:.1f} % "
               f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {100 * d['value']:+.1f} "
               f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] ({d['gained']} gained, {d['lost']} lost) |")
