@@ -11,8 +11,8 @@ split into row-forwards/s (the decoder's speed) and tokens per row-forward (the 
 random weights), with the batch's forwards, the share that committed a block (every row sends a committing
 forward's queries when any row commits) and the rows busy in an average one. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
-old-policy forward and the forward and backward of every micro-batch, from the tokens each processed, padding
-apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
+forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step, from
+the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
 matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first update compiles flex attention for its
 shapes, so the same update runs again: its time is what every later step of a run pays. `--rollouts-again` draws
 the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first) and adds the step
@@ -190,8 +190,9 @@ def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) 
     from dice_kernels.train.rl.trainer import update_parts
 
     parts = update_parts(list(range(len(trajs))), step.updates_for(trajs))
-    work = [replay_work(batch) for part in parts for _, batch in step._micro_batches([trajs[i] for i in part])]
-    flops = update_flops(step.model.config, work)
+    steps = [[replay_work(batch) for _, batch in step._micro_batches([trajs[i] for i in part])] for part in parts]
+    work = [w for works in steps for w in works]
+    flops = update_flops(step.model.config, steps)
     tflops = flops.total / seconds / 1e12
     return {"useful": flops.useful, "padding": flops.padding, "total": flops.total, "pad_share": flops.pad_share,
             "micro_batches": len(work), "tokens": sum(w.tokens for w in work),

@@ -100,8 +100,10 @@ def test_rl_step(tmp_path, build_cache):
     assert "MFU n/a on a CPU" in out and "padding" in out
     dice = step["dice_update"]  # one optimizer step per row: capped at one per response (4)
     assert dice["optimizer_steps"] == 4 and len(dice["updates"]) == 4 and "DICE's update" in out
-    # the same rows in 4 optimizer steps of one response each: the same useful FLOPs, in 4 micro-batches
-    assert dice["flops"]["micro_batches"] == 4 and dice["flops"]["useful"] == flops["useful"]
+    # the same rows in 4 optimizer steps of one response each, in 4 micro-batches: the rows of steps 2-4 also pay
+    # the old policy's forward (one step's rows: forward and backward alone, 3 forwards' worth; here up to 4)
+    assert dice["flops"]["micro_batches"] == 4
+    assert flops["useful"] < dice["flops"]["useful"] and 3 * dice["flops"]["useful"] < 4 * flops["useful"]
     calls = doc["reward_calls"]
     assert [c["candidates"] for c in calls] == [16, 16] and calls[0]["outcomes"] == calls[1]["outcomes"]
     assert calls[0]["outcomes"]["correct"] > 0

@@ -104,3 +104,26 @@ def test_flex_micro_batches_pad_rows_to_a_power_of_two_not_to_micro_rows(traject
     assert sorted(i for rows, _ in plan for i in rows) == list(range(5))
     assert [int(batch.scored.any(1).sum()) for _, batch in plan] == [4, 1]
     assert [flex_rows(r, 8) for r in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_only_rows_after_the_first_optimizer_step_pay_an_old_policy_forward(dist, trajectories, monkeypatch, updates):
+    """The first optimizer step's rows are scored by the weights that rolled them out, so their old log-probs are
+    their own, detached: one RL step with one optimizer step runs no forward without gradient; with two, only the
+    second step's micro-batches run one (before the first step moves the weights)."""
+    from dice_kernels.train.rl import trainer
+
+    no_grad = []
+    score = trainer.token_logprobs
+
+    def counting(*args, **kwargs):
+        no_grad.append(not torch.is_grad_enabled())
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "token_logprobs", counting)
+    _, _, stats = _update(dist, trajectories, 1.0, lr=1e-3, update=UpdateConfig(micro_rows=4, updates_per_step=updates))
+    assert len(stats["updates"]) == updates
+    second_step_rows = len(trainer.update_parts(list(range(len(trajectories))), updates)[-1]) if updates > 1 else 0
+    assert sum(no_grad) == -(-second_step_rows // 4)  # its micro-batches of 4 rows
+    assert len(no_grad) - sum(no_grad) == sum(-(-len(p) // 4) for p in trainer.update_parts(
+        list(range(len(trajectories))), updates))  # one forward with gradient per micro-batch, as before

@@ -33,9 +33,10 @@ def test_forward_and_update_flops_by_hand():
     f = forward_flops(TINY, work)
     assert f.useful == per_token * 20 + per_pair * 112 + 2 * 8 * 32 * 6  # lm_head on scored slots only
     assert f.padding == per_token * 28 + per_pair * 592
-    u = update_flops(TINY, [work, work])  # old log-probs (1) + forward and backward (3), two micro-batches
-    assert (u.useful, u.padding) == (8 * f.useful, 8 * f.padding)
-    assert update_flops(TINY, [work], no_grad_forwards=2).total == 5 * f.total  # with a reference model
+    u = update_flops(TINY, [[work, work]])  # one optimizer step: forward and backward (3), two micro-batches
+    assert (u.useful, u.padding) == (6 * f.useful, 6 * f.padding)
+    # a second optimizer step's micro-batch also pays the old policy's forward, run before the first step
+    assert update_flops(TINY, [[work], [work]]).total == (3 + 4) * f.total
     assert u.pad_share == pytest.approx(f.padding / f.total)
 
 

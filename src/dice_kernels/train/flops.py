@@ -71,11 +71,15 @@ def forward_flops(cfg: ModelConfig, work: ForwardWork) -> Flops:
                  padding=per_token * work.pad_tokens + per_pair * work.pad_pairs)
 
 
-def update_flops(cfg: ModelConfig, micro_batches: list[ForwardWork], no_grad_forwards: int = 1) -> Flops:
-    """The RL update's FLOPs: per micro-batch, `no_grad_forwards` forwards without gradient (the old policy's
-    log-probs; one more with a reference model) and one forward and backward of the policy (3 forwards' worth)."""
-    one = sum((forward_flops(cfg, w) for w in micro_batches), Flops(0.0, 0.0))
-    return one * (no_grad_forwards + 3)
+def update_flops(cfg: ModelConfig, steps: list[list[ForwardWork]]) -> Flops:
+    """The RL update's FLOPs from each optimizer step's micro-batches: a forward and backward of the policy per
+    micro-batch (3 forwards' worth), and for the micro-batches of every step after the first the old policy's
+    forward without gradient (RLStep.update_policy: the first step's rows are scored by the weights that rolled
+    them out, so their old log-probs are their own, detached)."""
+    def forwards(works: list[ForwardWork]) -> Flops:
+        return sum((forward_flops(cfg, w) for w in works), Flops(0.0, 0.0))
+
+    return sum((forwards(works) * (3 if k == 0 else 4) for k, works in enumerate(steps)), Flops(0.0, 0.0))
 
 
 def replay_work(batch: ReplayBatch) -> ForwardWork:

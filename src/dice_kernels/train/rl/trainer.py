@@ -177,7 +177,10 @@ class RLStep:
     def update_policy(self, kept: list[tuple[int, Trajectory, float]], any_traj: Trajectory) -> dict:
         """Old-policy log-probs (the rollout policy: these weights before the update), then `updates_for` optimizer
         steps over this rank's (global rollout index, trajectory, advantage) rows; optimizer step k takes the rows
-        whose global index is k modulo that count, so the split does not depend on the ranks.
+        whose global index is k modulo that count, so the split does not depend on the ranks. The first optimizer
+        step's rows are scored by the very weights that rolled them out: their old log-probs are their own
+        log-probs detached (PPO ratio 1 exactly), not a forward of their own; only later steps' rows need one, run
+        before the first step moves the weights (one RL step, one optimizer step: no old-policy forward at all).
         Every rank runs the same number of forwards (FSDP's collectives): a rank with fewer micro-batches runs one
         of `any_traj` with weight 0."""
         upd, block, device = self.update, self.rollout.block_size, self.dist.device
@@ -197,14 +200,14 @@ class RLStep:
         dummy = self._micro_batches([any_traj])[0][1]
         old: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for part, plan, count in zip(parts, plans, counts):
+            for part, plan, count in zip(parts[1:], plans[1:], counts[1:]):
                 for j in range(count):
                     rows, batch = plan[j] if j < len(plan) else ([], dummy)
                     logp = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
                     old.update(zip((part[r] for r in rows), torch.split(logp, batch.scored.sum(1).tolist())))
         losses, kl_sum, clipped, tokens, norms, per_update = [], 0.0, 0, 0, [], []
         self.model.train()
-        for part, plan, count, rows_in_step in zip(parts, plans, counts, part_rows):
+        for k, (part, plan, count, rows_in_step) in enumerate(zip(parts, plans, counts, part_rows)):
             if count == 0:
                 continue
             total, ratios, kl_here, clipped_here = 0.0, [], 0.0, 0
@@ -216,7 +219,8 @@ class RLStep:
                 rows, batch = plan[j]
                 new = token_logprobs(self.model, batch, self.attention, self.rollout.temperature)
                 index = [part[r] for r in rows]
-                terms = policy_loss(new, torch.cat([old[i] for i in index]), adv[index],
+                before = new.detach() if k == 0 else torch.cat([old[i] for i in index])
+                terms = policy_loss(new, before, adv[index],
                                     row_of_scored(batch).to(device), norm_len, rows_in_step, upd.clip, upd.kl_beta)
                 (terms.loss * self.dist.world_size).backward()  # FSDP means the ranks' gradients
                 total += terms.loss.item()
