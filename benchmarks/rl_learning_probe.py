@@ -99,7 +99,7 @@ def policy_scores(step_fn, tasks, reward: TemplateReward, samples: int) -> dict[
     from dice_kernels.train.rl.rollout import generate_rollouts
 
     r = step_fn.rollout
-    sampling = dataclasses.replace(r.sampling(), temperature=r.sampling().temperature if samples else 0.0, seed=0)
+    sampling = dataclasses.replace(r.sampling(), temperature=r.temperature if samples else 0.0, seed=0)
     policy = step_fn.policy.refresh(step_fn.model)  # the unsharded copy the rollouts decode with
     rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, samples or 1, "e2e", step_fn.backend, sampling,
                                  r.batch_rows, 1_000, step_fn.stop_ids)
@@ -133,6 +133,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
                      attention_backend(parallel, dist.device), cfg.backend, dist,
                      PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
     curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
+
     def scores(tasks) -> dict[str, list[float]]:
         return policy_scores(step_fn, tasks, reward, args.samples)
 

@@ -12,9 +12,10 @@ random weights), with the batch's forwards, the share that committed a block (ev
 forward's queries when any row commits) and the rows busy in an average one. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step, from
-the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an H200's dense bf16 matmul rate: large
-matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first update compiles flex attention for its
-shapes, so the same update runs again: its time is what every later step of a run pays. `--rollouts-again` draws
+the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an
+H200's dense bf16 matmul rate: large matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first
+update compiles flex attention for its shapes, so the same update runs again: its time is what every later step of
+a run pays. `--rollouts-again` draws
 the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first) and adds the step
 a run's later steps pay: those rollouts, the reward, the update again. `--compare-rollouts` also
 decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
