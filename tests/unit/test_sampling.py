@@ -84,6 +84,18 @@ def test_stop_token_ends_a_row_and_is_kept(model64):
         assert out.tokens[i] == expected
 
 
+@pytest.mark.parametrize("temperature, use_cache", [(0.0, True), (1.0, True), (1.0, False)])
+def test_non_finite_logits_stop_decoding_with_an_error(temperature, use_cache):
+    """A model whose logits turn NaN (here one lm_head row, so every softmax is NaN) gets an error that says so,
+    greedy or sampled, rather than tokens that argmax or the sampling race picked from NaN."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight[VOCAB // 2] = float("nan")
+    cfg = SamplingConfig(max_new_tokens=8, temperature=temperature, seed=0, use_cache=use_cache)
+    with pytest.raises(RuntimeError, match=r"non-finite logits \(NaN or inf\) after 1 decoding forward"):
+        decode(model, PROMPTS, cfg, NO_STOP)
+
+
 def test_dynamic_threshold_takes_fewer_forwards(model64):
     static = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=32, steps=4), NO_STOP)
     dynamic = decode(model64, [[5, 6, 7, 8]], SamplingConfig(max_new_tokens=32, steps=4, strategy="dynamic",

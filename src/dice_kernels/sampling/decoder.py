@@ -92,6 +92,9 @@ class _State:
     masked_at_start: Tensor  # [B] masks the block had when it began
     commit: Tensor  # [B] bool: the previous block is final but its K/V are not in the cache yet
     done: Tensor  # [B] bool
+    # [B] bool: a forward gave the row non-finite logits (a NaN confidence), which no strategy can decode from:
+    # argmax and the sampling race would pick an arbitrary token without a word
+    nonfinite: Tensor
 
 
 def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: int, device: torch.device,
@@ -107,7 +110,7 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
     start, masked = _first_block(lengths, block)
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
-                  masked_at_start=masked, commit=zeros.bool(), done=zeros.bool())
+                  masked_at_start=masked, commit=zeros.bool(), done=zeros.bool(), nonfinite=zeros.bool())
 
 
 def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | Tensor]:
@@ -321,6 +324,7 @@ def _denoise_step(state: _State, tokens: Tensor, confidence: Tensor, *, cfg: Sam
                   mask_id: int, stop_ids: Tensor) -> None:
     """Unmask some positions of each row's block with their proposed `tokens` (by `confidence`), and move rows whose
     block is final to the next one."""
+    state.nonfinite |= confidence.isnan().any(-1)
     cur = state.start[:, None] + torch.arange(block, device=tokens.device)
     tokens_now = state.seq.gather(1, cur)
     masked = tokens_now == mask_id
@@ -443,9 +447,13 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
     while True:
         # The one host sync per forward: the loop condition and the shapes of the next forward (with prompts
         # waiting, also which rows are done).
-        all_done, any_commit, furthest, *done = _loop_flags(state, rows.waiting)
+        all_done, any_commit, furthest, nonfinite, *done = _loop_flags(state, rows.waiting)
+        if nonfinite:
+            raise RuntimeError(f"the model gave non-finite logits (NaN or inf) after {forwards} decoding forward(s): "
+                               "its weights or activations overflowed or hold NaN (check the checkpoint, and try "
+                               "float32 or bfloat16 where float16 was used)")
         if any(done) and rows.refill(state, done, cached, cfg.max_new_tokens, block, mask_id):
-            all_done, any_commit, furthest = _loop_flags(state, False)
+            all_done, any_commit, furthest, _ = _loop_flags(state, False)
         if all_done:
             break
         if forwards == max_forwards:
@@ -460,9 +468,9 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
 
 
 def _loop_flags(state: _State, with_done: bool) -> list[int]:
-    """In one host sync: whether every row is done, whether any commits, the furthest row's block start and, with
-    `with_done`, each row's done flag."""
-    flags = torch.stack([state.done.all(), state.commit.any(), state.start.max()])
+    """In one host sync: whether every row is done, whether any commits, the furthest row's block start, whether any
+    row got non-finite logits and, with `with_done`, each row's done flag."""
+    flags = torch.stack([state.done.all(), state.commit.any(), state.start.max(), state.nonfinite.any()])
     return (torch.cat([flags, state.done.long()]) if with_done else flags).tolist()
 
 
