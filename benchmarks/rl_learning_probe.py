@@ -47,12 +47,10 @@ def normalised(code: str | None) -> tuple[str, ...]:
 
 class TemplateReward:
     """A reward service for RLStep (`score(step, pairs)`) paying 1 for a program equal to one of its task's
-    templates. It also counts each call's distinct programs (`distinct`): the builds an execution reward would pay
-    for that step at most (identical programs share one build and verdict)."""
+    templates."""
 
     def __init__(self, templates: dict[str, set[tuple[str, ...]]]):
         self.templates = templates
-        self.distinct: list[int] = []
 
     def paid(self, task_id: str, code: str | None) -> float:
         return float(normalised(code) in self.templates[task_id])
@@ -62,7 +60,6 @@ class TemplateReward:
 
         start = time.monotonic()
         rewards = [self.paid(task.id, cand.code) for task, cand in pairs]
-        self.distinct.append(len({cand.code for _, cand in pairs if cand.code is not None}))
         matched = int(sum(rewards))
         return StepRewards(rewards=rewards, results=[], seconds=time.monotonic() - start,
                            outcomes={"template": matched, "other": len(rewards) - matched})
@@ -140,23 +137,25 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     evals = {0: scores(valid)}
     echo(f"lr {lr:g}: SFT's validation {100 * rate_interval(evals[0]).value:.1f} % of {len(valid)} tasks")
     heldout_sft = scores(heldout)
-    train, updates = [], 0
+    train, distinct, updates = [], [], 0
     for step in range(args.steps):
         stats = step_fn(step, "e2e", curriculum.next_batch())
         train.append(stats.reward_mean)
+        # the builds an execution reward would pay for this step at most (identical programs share one)
+        distinct.append(len({r.candidate.code for r in step_fn.last_rollouts if r.candidate.code is not None}))
         updates += len(stats.updates)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals[step + 1] = scores(valid)
         echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
              f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates, "
-             f"{reward.distinct[-1]} distinct programs)"
+             f"{distinct[-1]} distinct programs)"
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
     n = r.tasks_per_step * r.group
     last = max(evals)
     return {"lr": lr, "updates": updates,
             "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n)),
                               "distinct_programs": d}
-                             for k, (m, d) in enumerate(zip(train, reward.distinct[-len(train):]))],
+                             for k, (m, d) in enumerate(zip(train, distinct))],
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
             "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
             "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),
