@@ -100,25 +100,33 @@ from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.trainer import RLStep
 from dice_kernels.train.rl.tracerl import Trajectory
 
-dist = init_distributed("cpu")
-model = tiny_model(0)
-initial = {{k: v.clone() for k, v in model.state_dict().items()}}
-g = torch.Generator().manual_seed(0)
-prompts = [torch.randint(5, VOCAB - 1, (n,), generator=g).tolist() for n in (3, 6, 9, 4, 7, 5, 8, 2)]
-out = decode(model, prompts, SamplingConfig(max_new_tokens=9, temperature=1.0, strategy="dynamic", seed=0), [7])
-trajs = [Trajectory(p, t, s) for p, t, s in zip(prompts, out.tokens, out.unmask_steps)]
-advantages = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25]
-mine = range(8) if dist.world_size == 1 else (range(0, 5) if dist.rank == 0 else range(5, 8))  # 3 vs 2 micro-batches
-parallelize(model, model.model.layers, ParallelConfig(), dist.device, forward_methods=("hidden_states",))
-optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_fraction=0.0))
-step = RLStep(model, optimizer, load_tokenizer({tok!r}), None, RolloutConfig(tasks_per_step=2, group=4),
-              UpdateConfig(micro_rows=2, updates_per_step=2), 1.0, "dense", "cpu", dist)
-stats = step.update_policy([(i, trajs[i], advantages[i]) for i in mine], trajs[0])
-full = {{k: v.full_tensor() for k, v in model.state_dict().items()}}
-if dist.is_main:
-    moved = max(float((full[k] - initial[k]).abs().max()) for k in full)
-    torch.save({{"weights": full, "stats": stats, "moved": moved}}, {out!r})
-shutdown()
+def main():
+    dist = init_distributed("cpu")
+    model = tiny_model(0)
+    initial = {{k: v.clone() for k, v in model.state_dict().items()}}
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, VOCAB - 1, (n,), generator=g).tolist() for n in (3, 6, 9, 4, 7, 5, 8, 2)]
+    out = decode(model, prompts, SamplingConfig(max_new_tokens=9, temperature=1.0, strategy="dynamic", seed=0), [7])
+    trajs = [Trajectory(p, t, s) for p, t, s in zip(prompts, out.tokens, out.unmask_steps)]
+    advantages = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25]
+    # 3 vs 2 micro-batches
+    mine = range(8) if dist.world_size == 1 else (range(0, 5) if dist.rank == 0 else range(5, 8))
+    parallelize(model, model.model.layers, ParallelConfig(), dist.device, forward_methods=("hidden_states",))
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-4, warmup_fraction=0.0))
+    step = RLStep(model, optimizer, load_tokenizer({tok!r}), None, RolloutConfig(tasks_per_step=2, group=4),
+                  UpdateConfig(micro_rows=2, updates_per_step=2), 1.0, "dense", "cpu", dist)
+    stats = step.update_policy([(i, trajs[i], advantages[i]) for i in mine], trajs[0])
+    full = {{k: v.full_tensor() for k, v in model.state_dict().items()}}
+    if dist.is_main:
+        moved = max(float((full[k] - initial[k]).abs().max()) for k in full)
+        torch.save({{"weights": full, "stats": stats, "moved": moved}}, {out!r})
+    shutdown()
+
+
+# Everything lives in main()'s frame and is freed before the interpreter finalizes, as in `dice train`. With it
+# in module globals a rank aborted once in CI after its work was done ("terminate called without an active
+# exception"): finalization clearing modules that hold gloo and FSDP state, a known torch test flake.
+main()
 '''
 
 
