@@ -225,7 +225,8 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
                  "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
                  "model.head_dim=16", "model.vocab_size=800", "sft.steps=3", "sft.batch_rows=2", "rl.infill_steps=1",
                  "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "rl.export_every=1", "bench.max_new_tokens=16",
-                 "world.n_valid=2", "rl.lr_grid=1e-3,3e-2", "arms=sft,bicrl_dice"]
+                 "world.n_valid=2", "rl.lr_grid=1e-3,3e-2", "arms=sft,bicrl_dice", "bench.samples=2",
+                 "bench.temperature=0.7"]
     args = ["demo", "--out", str(out), "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
@@ -236,6 +237,11 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
         assert held["n"] == 2, (arm, row)
         for measure in ("exec", "deceptive", "passed_outputs"):
             assert 0.0 <= held[measure]["lo"] <= held[measure]["value"] <= held[measure]["hi"] <= 1.0
+    # every benchmark scores 2 programs a task sampled at 0.7, seeded by the world's seed; arms are paired on tasks
+    records = [json.loads(p.read_text()) for p in (out / "bench" / "sft" / "heldout").glob("generations/*/*/s*.json")]
+    assert sorted(r["sample"] for r in records) == [0, 0, 1, 1]
+    assert {(r["settings"]["decoding"]["temperature"], r["settings"]["decoding"]["seed"]) for r in records} == {(0.7, 0)}
+    assert "2 programs a task sampled at temperature 0.7" in (out / "report.md").read_text()
     rl = report["arms"]["bicrl_dice"]
     # rewards.sqlite: one interval per RL step, the rollouts of the policy after that many steps (0: SFT's)
     assert [p["step"] for p in rl["train_reward"]] == [0, 1]
@@ -286,6 +292,9 @@ def test_an_unknown_setting_is_a_one_line_error(tmp_path):
     assert "sft.stepz" in result.output and "Traceback" not in result.output
     bad = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "b"), "--set", "world.rows=0"])
     assert bad.exit_code == 2 and "world.rows" in bad.output and not (tmp_path / "b").exists()
+    # several greedy programs a task would all be one program
+    greedy = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "c"), "--set", "bench.samples=4"])
+    assert greedy.exit_code == 2 and "bench.samples" in greedy.output and not (tmp_path / "c").exists()
 
 
 def test_the_input_sizes_come_from_the_world_settings():

@@ -123,8 +123,17 @@ class RLSection:
 
 @dataclass
 class BenchSection:
-    samples: int = 1  # greedy generations per held-out task
+    # programs per benchmark task: 1 greedy (temperature 0), or several sampled at `temperature`, seeded by the
+    # world's seed, each task's mean the score that arms are paired on. A sampled rate moves with every change of the
+    # policy's probabilities, where a greedy program changes only when its most likely token does
+    samples: int = 1
+    temperature: float = 0.0
     max_new_tokens: int = 0  # 0: the longest SFT response in tokens (demo/run.py's new_tokens)
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.temperature < 0 or (self.samples > 1) != (self.temperature > 0):
+            raise ConfigError("bench.samples must be 1 with bench.temperature 0 (one greedy program a task), or "
+                              f"above 1 with a temperature above 0; got {self.samples} and {self.temperature:g}")
 
 
 @dataclass

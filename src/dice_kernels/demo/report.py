@@ -12,7 +12,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from dice_kernels.demo.config import ARMS, DemoConfig
+from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
 from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title, windows
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
@@ -279,6 +279,11 @@ def points(d: dict) -> str:
     return f"{100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
 
 
+def _scoring(b: BenchSection) -> str:
+    return (f"{b.samples} programs a task sampled at temperature {b.temperature:g}, each task's mean paired"
+            if b.temperature else "one greedy program a task")
+
+
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
     rows = {a: _arm_summary(cfg, a) for a in arms}
@@ -299,12 +304,13 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              + f" the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); RL on "
              f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
-             f"(generalisation); greedy, {cfg.bench.samples} sample(s) per task, always with the robust check.", "",
+             f"(generalisation); {_scoring(cfg.bench)}, always with the robust check.", "",
              *([f"SFT reads the task from the prompt: its first operator line right in {copy['right']} of "
                 f"{copy['samples']} of its own training samples (teacher-forced).", ""] if copy else []),
              "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task). RL: "
              "steps / optimizer updates / rollouts with a gradient (in groups with reward variance) of all rollouts; "
-             "changed: held-out tasks whose greedy output differs from SFT's.", "",
+             "changed: held-out tasks whose first output differs from SFT's"
+             + (" (sampled: chance alone changes some)." if cfg.bench.temperature else "."), "",
              "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | novel Exec | RL | "
              "changed |", "|---|---|---|---|---|---|---|---|"]
     for a, row in rows.items():

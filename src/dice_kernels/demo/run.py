@@ -136,10 +136,10 @@ def stage_sft(cfg: DemoConfig, files: WorldFiles, init: Path, tokenizer_dir: Pat
 
 def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Path, out: Path,
                 timed: bool = True) -> dict:
-    """`dice bench` of one checkpoint on one task set: greedy, DICE's decoding, the harness with the robust check,
-    and timing where fast_1 is reported (`timed`: an arm's final held-out and novel benchmarks). The validation
-    and learning-curve benchmarks are read for Exec alone, and on a GPU each timed candidate holds the device
-    alone for up to `max_s` a side."""
+    """`dice bench` of one checkpoint on one task set: DICE's decoding (greedy, or bench.samples programs a task
+    sampled at bench.temperature), the harness with the robust check, and timing where fast_1 is reported (`timed`:
+    an arm's final held-out and novel benchmarks). The validation and learning-curve benchmarks are read for Exec
+    alone, and on a GPU each timed candidate holds the device alone for up to `max_s` a side."""
     from dice_kernels.bench.config import BenchConfig
     from dice_kernels.bench.run import run as bench_run
     from dice_kernels.harness import EvalConfig, TimingConfig
@@ -151,9 +151,10 @@ def stage_bench(cfg: DemoConfig, files: WorldFiles, checkpoint: Path, tasks: Pat
     bench = BenchConfig(out=out, checkpoint=checkpoint, tasks=tasks,
                         samples=b.samples, batch_size=64, dtype="float32",
                         decoding=SamplingConfig(max_new_tokens=new_tokens(cfg, files), block_size=4, steps=4,
-                                                strategy="static", temperature=0.0),
-                        # arms share most greedy outputs: a program benchmarked for one arm is not run again
-                        # for the next, and keeps one time, so fast_1 differs between arms only where programs do
+                                                strategy="static", temperature=b.temperature,
+                                                seed=cfg.world.seed if b.temperature else None),
+                        # arms share most outputs: a program benchmarked for one arm is not run again for the
+                        # next, and keeps one time, so fast_1 differs between arms only where programs do
                         eval=EvalConfig(backend=cfg.backend, timing=TimingConfig(enabled=timed, max_s=1.0),
                                         reuse_verdicts=True))
     return bench_run(bench, command=f"dice demo ({out.relative_to(cfg.out)})", progress=cfg.progress,
