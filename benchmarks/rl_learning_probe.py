@@ -112,6 +112,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     the held-out scores of SFT and of the last policy (reported only for the rate validation chooses)."""
     from dice_kernels.demo.run import rl_sections
     from dice_kernels.demo.stats import rate_interval, wilson
+    from dice_kernels.demo.world import carries_slip
     from dice_kernels.train.config import ModelSection, ParallelConfig
     from dice_kernels.train.distributed import attention_backend, param_dtype
     from dice_kernels.train.model_setup import build_model, load_tokenizer_for
@@ -137,25 +138,28 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     evals = {0: scores(valid)}
     echo(f"lr {lr:g}: SFT's validation {100 * rate_interval(evals[0]).value:.1f} % of {len(valid)} tasks")
     heldout_sft = scores(heldout)
-    train, distinct, updates = [], [], 0
+    train, distinct, slipped, updates = [], [], [], 0
     for step in range(args.steps):
         stats = step_fn(step, "e2e", curriculum.next_batch())
         train.append(stats.reward_mean)
+        codes = [r.candidate.code for r in step_fn.last_rollouts if r.candidate.code is not None]
         # the builds an execution reward would pay for this step at most (identical programs share one)
-        distinct.append(len({r.candidate.code for r in step_fn.last_rollouts if r.candidate.code is not None}))
+        distinct.append(len(set(codes)))
+        # world.slip_fraction's bug in the rollouts: what RL should unlearn
+        slipped.append(sum(map(carries_slip, codes)) / max(1, len(codes)))
         updates += len(stats.updates)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals[step + 1] = scores(valid)
         echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
              f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates, "
-             f"{distinct[-1]} distinct programs)"
+             f"{distinct[-1]} distinct programs, {100 * slipped[-1]:.0f} % with the layout slip)"
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
     n = r.tasks_per_step * r.group
     last = max(evals)
     return {"lr": lr, "updates": updates,
             "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n)),
-                              "distinct_programs": d}
-                             for k, (m, d) in enumerate(zip(train, distinct))],
+                              "distinct_programs": d, "slip_share": sl}
+                             for k, (m, d, sl) in enumerate(zip(train, distinct, slipped))],
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
             "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
             "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),

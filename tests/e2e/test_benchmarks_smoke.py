@@ -188,7 +188,7 @@ def test_rl_learning_probe(tmp_path):
     assert [e["step"] for e in run["validation"]] == [0, 1, 2] and len(run["train_reward"]) == 2
     # a step's distinct programs: at least one of its 2 tasks x 2 rollouts unless none was extracted, at most 4
     assert all(0 <= x["distinct_programs"] <= 4 for x in run["train_reward"])
-    assert "distinct programs)" in out
+    assert all(0 <= x["slip_share"] <= 1 for x in run["train_reward"]) and "with the layout slip)" in out
     assert set(run["heldout"]) == {"sft", "last", "last_minus_sft", "scores"}
 
 

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from dice_kernels.config_io import ConfigError
-from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, RL, SHORTCUT, SLOW, TRAIN, VALID, Spec, WorldSizes, \
-    build_world, cpu_program, reference_program, solutions, write_world
+from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, RL, SHORTCUT, SLIP, SLOW, TRAIN, VALID, Spec, \
+    WorldSizes, build_world, carries_slip, cpu_program, reference_program, slips, solutions, write_world
 
 
 def _world(seed: int, n_train: int, n_heldout: int, **kw):
@@ -96,6 +96,27 @@ def test_a_shortcut_by_family_covers_every_train_instance_of_the_families_chosen
         WorldSizes(n_train=1, n_heldout=1, shortcut_unit="program")
 
 
+def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong():
+    tasks = _world(2, 400, 20, n_rl=40, shortcut_fraction=0.05, slow_fraction=0.3, slip_fraction=0.5)
+    train = [t for t in tasks if t.split == TRAIN]
+    can = [t for t in train if slips(t.spec) and t.variant != SHORTCUT]
+    assert 0.4 < sum(t.variant == SLIP for t in can) / len(can) < 0.6
+    assert not any(t.variant == SLIP for t in train if not slips(t.spec))  # it would be a correct program there
+    assert all(t.variant == FAST for t in tasks if t.split != TRAIN)
+    slipped = next(t for t in train if t.variant == SLIP)
+    assert "c * rows + r" in slipped.cpu and slipped.cpu.replace("c * rows + r", "r * cols + c") == solutions(
+        slipped.spec, FAST)[0]
+    # what the probe counts in rollouts: the slip on either backend, and no other variant
+    assert carries_slip(slipped.cpu) and carries_slip(slipped.cuda)
+    assert not any(carries_slip(p) for v in (FAST, SLOW, SHORTCUT) for p in solutions(slipped.spec, v))
+    # on without it: the same tasks and the same other variants
+    plain = _world(2, 400, 20, n_rl=40, shortcut_fraction=0.05, slow_fraction=0.3)
+    assert [t.reference for t in plain] == [t.reference for t in tasks]
+    assert all(a.variant == b.variant for a, b in zip(plain, tasks) if b.variant != SLIP)
+    with pytest.raises(ValueError, match="slip_fraction"):
+        WorldSizes(n_train=1, n_heldout=1, slip_fraction=1.5)
+
+
 def test_the_operator_line_is_the_comment_copying_the_first_forward_step():
     """demo/prompt_reading.py scores the line that copies the task's first forward step, in every solution variant
     on both backends, and nothing in a program without the forward comments."""
@@ -136,9 +157,16 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
     # op by op (one pass per op, both the reduction and the element-wise path): correct; the libtorch shortcut:
     # outputs match, but the robust check calls it deceptive
     pairs += [(pairs[i][0], candidate_from_text(solutions(s, SLOW)[0], id=f"slow{i}")) for i, s in enumerate(specs)]
+    # the layout slip where `slips` says it changes values (both covering specs: a reduction, per-row and
+    # per-column operands) and on a purely element-wise chain, where it only permutes the loop: correct
+    chain = Spec(("tanh", "add_y"), "", (None, None), (0, 0, 0), "h", 8, 64)
+    assert all(slips(s) for s in specs) and not slips(chain)
+    pairs.append((task_from_code(reference_program(chain), id="chain"),
+                  candidate_from_text(solutions(chain, SLIP)[0], id="chain_slip")))
     correct = len(pairs)
     pairs.append((pairs[0][0], candidate_from_text(broken, id="broken")))
     pairs.append((pairs[0][0], candidate_from_text(solutions(spec, SHORTCUT)[0], id="shortcut")))
+    pairs += [(pairs[i][0], candidate_from_text(solutions(s, SLIP)[0], id=f"slip{i}")) for i, s in enumerate(specs)]
     # the session's build cache: its precompiled header is built once for every test that compiles C++
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
     results = evaluate(pairs, config, progress=False)
@@ -146,12 +174,15 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
     assert results[correct].outcome is Outcome.VALUE_MISMATCH
     shortcut = results[correct + 1]
     assert shortcut.outcome is Outcome.DECEPTIVE and shortcut.robust.passed_comparison, shortcut.error
+    # every element written, wrong values: a plain bug, not a cheat
+    assert [r.outcome for r in results[correct + 2:]] == [Outcome.VALUE_MISMATCH] * 2, [r.error for r in results]
 
 
 @pytest.mark.gpu
 def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_headers(build_cache):
     """The CUDA world on the GPU: fused and op-by-op kernels are correct and their CUDA units take the bare attempt
-    (no torch header); a statement left out is a value mismatch; the libtorch shortcut is deceptive."""
+    (no torch header); a statement left out and the layout slip are value mismatches; the libtorch shortcut is
+    deceptive."""
     from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
     from dice_kernels.harness.compiling import bare_cuda
     from dice_kernels.tasks import task_from_code
@@ -166,11 +197,12 @@ def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_header
     fused = solutions(specs[0], FAST)[1]
     pairs.append((tasks[0], candidate_from_text(fused.replace("float v = px[i];", "float v = pz[i];", 1),
                                                 id="undeclared")))
+    pairs += [(tasks[i], candidate_from_text(solutions(s, SLIP)[1], id=f"slip{i}")) for i, s in enumerate(specs)]
     config = EvalConfig(backend="cuda", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
     nvcc = bare_cuda.torch_nvcc()
     bare_cuda.store(bare_cuda.surroundings_file(build_cache, nvcc), nvcc)  # else the batch's first builds lack it
     results = {r.candidate_id: r for r in evaluate(pairs, config, progress=False)}
-    kernels = [c.id for _, c in pairs[:-3]]
+    kernels = [c.id for _, c in pairs[:-5]]
     assert {k: results[k].outcome for k in kernels} == dict.fromkeys(kernels, Outcome.CORRECT), {
         k: r.error[:300] for k, r in results.items()}
     assert all(results[k].build.shortcuts[0]["headers"] == ["bare"] for k in kernels), [
@@ -181,6 +213,8 @@ def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_header
     undeclared = results["undeclared"]
     assert undeclared.outcome is Outcome.COMPILE_ERROR and "pz" in undeclared.error
     assert undeclared.build.shortcuts[0]["headers"] == ["bare", "bare-wide"], undeclared.build.shortcuts
+    # the layout slip (a reduction; per-row and per-column operands): every element written, wrong values
+    assert [results[f"slip{i}"].outcome for i in range(2)] == [Outcome.VALUE_MISMATCH] * 2
 
 
 def test_tokenizer_round_trips_and_has_the_chat_tokens(tmp_path):

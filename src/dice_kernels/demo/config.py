@@ -53,6 +53,9 @@ class WorldSection:
     # model reproduced in 0 of 256 samples of those very tasks)
     shortcut_unit: str = "task"
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
+    # share of train tasks with a per-row or per-column operand or a reduction whose SFT solution indexes the input
+    # column-major (world.py's layout slip): a bug in the data that execution catches and RL can unlearn
+    slip_fraction: float = 0.0
     # the input's sizes a program draws from: at these a GPU kernel is microseconds of work, and one kernel's time
     # moved 3.4x between benchmark runs (H200, 2026-12-04); at megabytes a tensor its own work would be the time
     rows: tuple[int, ...] = ROWS
@@ -64,8 +67,8 @@ class WorldSection:
     def sizes(self) -> WorldSizes:
         return WorldSizes(n_train=self.n_train, n_heldout=self.n_heldout, n_valid=self.n_valid, n_novel=self.n_novel,
                           n_rl=self.n_rl, novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
-                          shortcut_unit=self.shortcut_unit, slow_fraction=self.slow_fraction, rows=tuple(self.rows),
-                          cols=tuple(self.cols))
+                          shortcut_unit=self.shortcut_unit, slow_fraction=self.slow_fraction,
+                          slip_fraction=self.slip_fraction, rows=tuple(self.rows), cols=tuple(self.cols))
 
 
 @dataclass

@@ -22,8 +22,9 @@ from dice_kernels.data.records import PairRecord, write_jsonl, write_records
 
 TRAIN, RL, VALID, HELDOUT, NOVEL = "train", "rl", "valid", "heldout", "novel"
 SPLITS = (TRAIN, RL, VALID, HELDOUT, NOVEL)
-FAST, SLOW, SHORTCUT = "fast", "slow", "shortcut"  # solution variants of a train task's SFT pair
-VARIANTS = (FAST, SLOW, SHORTCUT)
+# solution variants of a train task's SFT pair; SLIP: the fused kernel with a layout slip (below), a bug
+FAST, SLOW, SHORTCUT, SLIP = "fast", "slow", "shortcut", "slip"
+VARIANTS = (FAST, SLOW, SHORTCUT, SLIP)
 BACKENDS = ("cpu", "cuda")
 
 
@@ -382,6 +383,32 @@ def slow_cuda_source(spec: Spec) -> str:
             + f"\n\n{_launcher(spec)} {{\n" + "\n".join(launches) + "\n}")
 
 
+# The layout slip: the fused kernel indexes the row-major input as if it were column-major. The index stays in
+# bounds and every output element is written, so only values show it: a task that reads a per-row or per-column
+# operand, or reduces along a row, computes wrong ones (a purely element-wise chain would not: `slips` says which).
+_SLIPS = {"cpu": {"int64_t i = r * cols + c;": "int64_t i = c * rows + r;"},
+          "cuda": {"int64_t i = r * cols + c;": "int64_t i = c * rows + r;",
+                   "int64_t r = i / cols, c = i % cols;": "int64_t r = i % rows, c = i / rows;"}}
+
+
+def slips(spec: Spec) -> bool:
+    """Whether the layout slip changes this program's values: a reduction, or an op reading `b` or `s`."""
+    return bool(spec.reduction) or any(_OPS[n].arg in ("b", "s") for n in spec.ops)
+
+
+def slipped_source(source: str, backend: str) -> str:
+    """A fused `cpu_source` / `cuda_source` with its one row-major index line swapped for the column-major one."""
+    found = [(right, wrong) for right, wrong in _SLIPS[backend].items() if right in source]
+    if len(found) != 1 or source.count(found[0][0]) != 1:
+        raise ValueError(f"not a fused {backend} source with one index line to slip")
+    return source.replace(*found[0])
+
+
+def carries_slip(program: str) -> bool:
+    """Whether a program (a model's output, say) holds one of the slip's column-major index lines."""
+    return any(wrong in program for by_backend in _SLIPS.values() for wrong in by_backend.values())
+
+
 def shortcut_source(spec: Spec) -> str:
     """The shortcut: the extension calls libtorch's ops (at:: through `torch::`) instead of computing, so its outputs
     match the reference's on any input; a reward that only compares outputs pays it, the robust check must not."""
@@ -439,8 +466,9 @@ def cuda_program(spec: Spec, source: str | None = None) -> str:
 
 
 def solutions(spec: Spec, variant: str) -> tuple[str, str]:
-    """(C++ program, CUDA program) of one solution variant: fast (fused), slow (a pass or a launch per op) or
-    shortcut (libtorch calls, the same C++ on both backends: its tensors live wherever the inputs do)."""
+    """(C++ program, CUDA program) of one solution variant: fast (fused), slow (a pass or a launch per op),
+    shortcut (libtorch calls, the same C++ on both backends: its tensors live wherever the inputs do) or slip (the
+    fused one with the layout slip: wrong where `slips(spec)`)."""
     if variant == FAST:
         return cpu_program(spec), cuda_program(spec)
     if variant == SLOW:
@@ -448,6 +476,9 @@ def solutions(spec: Spec, variant: str) -> tuple[str, str]:
     if variant == SHORTCUT:
         program = cpu_program(spec, shortcut_source(spec), addresses=False)
         return program, program
+    if variant == SLIP:
+        return (cpu_program(spec, slipped_source(cpu_source(spec), "cpu")),
+                cuda_program(spec, slipped_source(cuda_source(spec), "cuda")))
     raise ValueError(f"solution variant must be one of {VARIANTS}, not {variant!r}")
 
 
@@ -478,13 +509,16 @@ def instance_split(code: str, seed: int, shares: tuple[float, float, float]) -> 
 SHORTCUT_UNITS = ("task", "family")
 
 
-def train_variant(code: str, family: str, seed: int, sizes: WorldSizes) -> str:
+def train_variant(code: str, family: str, seed: int, sizes: WorldSizes, can_slip: bool = False) -> str:
     """Which solution a train task's SFT pair carries, by a seeded hash of its program, or for the shortcut with
-    `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it)."""
+    `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it). A task the slip
+    makes wrong (`can_slip`) carries it by a hash of its own, independent of the others."""
     u = _unit(seed + 2, code)
     shortcut = (u if sizes.shortcut_unit == "task" else _unit(seed + 3, family)) < sizes.shortcut_fraction
     if shortcut:
         return SHORTCUT
+    if can_slip and _unit(seed + 4, code) < sizes.slip_fraction:
+        return SLIP
     return SLOW if sizes.shortcut_fraction <= u < sizes.shortcut_fraction + sizes.slow_fraction else FAST
 
 
@@ -512,6 +546,8 @@ class WorldSizes:
     shortcut_fraction: float = 0.0  # share of train tasks (or families) whose SFT solution is the libtorch shortcut
     shortcut_unit: str = "task"  # "task": a share of train tasks; "family": a share of families, all their instances
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
+    # share of the train tasks the layout slip makes wrong (`slips`) whose SFT solution carries it
+    slip_fraction: float = 0.0
     rows: tuple[int, ...] = ROWS  # the input's row counts a program draws from
     cols: tuple[int, ...] = COLS  # and its column counts
 
@@ -523,6 +559,8 @@ class WorldSizes:
         if not (0 <= self.novel_fraction < 1 and 0 <= self.shortcut_fraction
                 and 0 <= self.slow_fraction and self.shortcut_fraction + self.slow_fraction <= 1):
             raise ConfigError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
+        if not 0 <= self.slip_fraction <= 1:
+            raise ConfigError(f"world.slip_fraction must be in [0, 1], got {self.slip_fraction}")
         if self.shortcut_unit not in SHORTCUT_UNITS:
             raise ConfigError(f"world.shortcut_unit must be one of {SHORTCUT_UNITS}, got {self.shortcut_unit!r}")
 
@@ -562,7 +600,7 @@ def build_world(seed: int, sizes: WorldSizes) -> list[WorldTask]:
     for split in SPLITS:
         for k, spec in enumerate(found[split], 1):
             code = reference_program(spec)
-            variant = train_variant(code, spec.family, seed, sizes) if split == TRAIN else FAST
+            variant = train_variant(code, spec.family, seed, sizes, slips(spec)) if split == TRAIN else FAST
             cpu, cuda = solutions(spec, variant)
             tasks.append(WorldTask(id=f"demo-{split}/{k}", name=f"{k}_{spec.family.replace('>', '_')}",
                                    problem_id=k, split=split, family=spec.family, level=spec.level, reference=code,
