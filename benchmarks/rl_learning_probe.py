@@ -1,8 +1,9 @@
 """Does the RL update move the policy where its reward points, and does that carry to tasks it never trained on?
 
 The demo world's end-to-end RL (train/rl/trainer.py's RLStep, the demo preset's rollout and update settings) with a
-reward that needs no build: 1 when a rollout's program is one of its task's template solutions (fused or op by op)
-line for line (indentation, `//` comments and blank lines aside), else 0. For the demo's templates that is a proxy
+reward that needs no build: 1 when a rollout's program is one of its task's template solutions (fused or op by op;
+with `world.slip_fraction`, also the slipped fused one where the slip changes no value) line for line (indentation,
+`//` comments and blank lines aside), else 0. For the demo's templates that is a proxy
 of execution — a template program is correct, and nearly every program that differs from them computes something
 else (a wrong op, constant or reduction copied from the prompt) — so this measures the RL machinery and its
 settings (rate, steps, groups) without a harness: a step costs a rollout and an update only. What it cannot show:
@@ -12,10 +13,10 @@ Each rate in --lrs starts from the same SFT checkpoint and trains --steps steps 
 and every --eval-every steps the greedy programs of the validation tasks are scored the same way (`--samples K`: K
 programs a task sampled at the rollouts' temperature with the same seed at every evaluation, each task scored by
 its mean: a finer figure than one greedy program, whose flips on near-threshold tasks widen a paired interval).
-Printed: the train reward per step (mean over the step's rollouts), the validation match rate with its interval
-(Wilson; a bootstrap over tasks with --samples), and the paired difference (last evaluation − SFT, 95 % paired
-bootstrap over the tasks). The rate with the best last
-validation figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result.
+Printed: the train reward per step (mean over the step's rollouts, and the share of them with the layout slip),
+the validation match rate with its interval (Wilson; a bootstrap over tasks with --samples), and the paired
+difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last validation
+figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result.
 The world and SFT come from the demo stages (`dice demo`'s own functions; an --out that has them is reused; give a
 new --out when world sizes change):
 
@@ -208,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
     from dice_kernels.demo.prompt_reading import stage_operator_copy
-    from dice_kernels.demo.world import FAST, SLOW, build_world, solutions
+    from dice_kernels.demo.world import FAST, SLIP, SLOW, build_world, slips, solutions
     from dice_kernels.train.distributed import init_distributed, shutdown
     from dice_kernels.train.rl.curriculum import load_task_set
 
@@ -224,7 +225,10 @@ def main() -> None:
          f"{copy['samples']} of its own training samples (teacher-forced, its blocks masked)")
     backend = 0 if cfg.backend == "cpu" else 1
     tasks = build_world(cfg.world.seed, cfg.world.sizes())  # the world stage's tasks, with their specs
-    reward = TemplateReward({t.id: {normalised(solutions(t.spec, v)[backend]) for v in (FAST, SLOW)} for t in tasks})
+    # the correct programs: fused and op by op, and the layout slip where it changes no value (it only permutes a
+    # purely element-wise loop: execution would pay it)
+    reward = TemplateReward({t.id: {normalised(solutions(t.spec, v)[backend])
+                                    for v in (FAST, SLOW) + (() if slips(t.spec) else (SLIP,))} for t in tasks})
     steps = {t.id: len(t.spec.ops) + bool(t.spec.reduction) for t in tasks}
 
     def keep(task_id: str) -> bool:
