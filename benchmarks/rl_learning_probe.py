@@ -16,7 +16,10 @@ its mean: a finer figure than one greedy program, whose flips on near-threshold 
 Printed: the train reward per step (mean over the step's rollouts, and the share of them with the layout slip),
 the validation match rate with its interval (Wilson; a bootstrap over tasks with --samples), and the paired
 difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last validation
-figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result.
+figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result. The runs
+draw the same RL tasks in the same order with the same seeds, so the smallest rate (e.g. 1e-8, too small to move the
+weights) is a control: every other rate's train reward and slip share over the last third of the steps are printed
+against it, paired by step.
 The world and SFT come from the demo stages (`dice demo`'s own functions; an --out that has them is reused; give a
 new --out when world sizes change):
 
@@ -180,6 +183,25 @@ def compare(after: dict[str, list[float]], before: dict[str, list[float]], name:
             "gained": sum(a > b for a, b in mean.values()), "lost": sum(a < b for a, b in mean.values())}
 
 
+def against_control(run: dict, control: dict) -> dict:
+    """`run` − `control` over the last third of the steps, paired by step, for the train reward and the share of
+    rollouts with the layout slip (95 % bootstrap over those steps). Runs from one SFT checkpoint draw the same tasks
+    in the same order with the same sampling seeds, so a control at a rate too small to move the weights is what the
+    same steps would have given without RL: their difference is RL's effect on its own training distribution."""
+    from dice_kernels.demo.stats import paired_difference
+
+    steps = [x["step"] for x in run["train_reward"]][-max(1, len(run["train_reward"]) // 3):]
+    out = {"steps": [steps[0], steps[-1]]}
+    for key in ("mean", "slip_share"):
+        a, b = ({x["step"]: [x[key]] for x in r["train_reward"] if x["step"] in steps} for r in (run, control))
+        out[key] = dataclasses.asdict(paired_difference(a, b, (f"lr {run['lr']:g}", f"lr {control['lr']:g}")).diff)
+    return out
+
+
+def points(iv: dict) -> str:
+    return f"{100 * iv['value']:+.1f} [{100 * iv['lo']:+.1f}, {100 * iv['hi']:+.1f}] points"
+
+
 def smoke_overrides() -> list[str]:
     return ["world.n_train=40", "world.n_heldout=2", "world.n_valid=6", "world.n_rl=8", "model.hidden_size=32",
             "model.intermediate_size=64", "model.num_hidden_layers=1", "model.num_attention_heads=2",
@@ -263,6 +285,13 @@ def main() -> None:
               f"{100 * va[0]['value']:.1f} -> {100 * va[-1]['value']:.1f} % "
               f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {100 * d['value']:+.1f} "
               f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] ({d['gained']} gained, {d['lost']} lost) |")
+    control = min(runs, key=lambda x: x["lr"])
+    for run in runs:
+        if run is not control:
+            run["against_control"] = c = against_control(run, control)
+            print(f"\nlr {run['lr']:g} − lr {control['lr']:g}, steps {c['steps'][0]}-{c['steps'][1]} paired by step "
+                  f"(same tasks and seeds): train reward {points(c['mean'])}, rollouts with the layout slip "
+                  f"{points(c['slip_share'])}")
     # the rate is chosen on the validation split (the last evaluation; the smaller rate on a tie), and only its
     # held-out figures are the result: the held-out set plays no part in the choice
     chosen = max(sorted(runs, key=lambda x: x["lr"]), key=lambda x: x["validation"][-1]["value"])

@@ -165,7 +165,7 @@ def test_rl_learning_probe(tmp_path):
     from dice_kernels.tasks import Task
 
     sys.path.insert(0, str(BENCH))
-    from rl_learning_probe import TemplateReward, normalised
+    from rl_learning_probe import TemplateReward, against_control, normalised
 
     program = cuda_program(random_spec(random.Random(0)))
     reward = TemplateReward({"t": {normalised(program)}})
@@ -174,6 +174,14 @@ def test_rl_learning_probe(tmp_path):
     changed = program.replace("(n + 255) / 256", "(n + 127) / 128")  # another launch: not the template
     assert reward.score(0, [(task, candidate_from_text(f"```python\n{c}\n```", id=str(k)))
                             for k, c in enumerate((program, reindented, changed, ""))]).rewards == [1, 1, 0, 0]
+    # a run against a control at a rate too small to move: paired by step over the last third of the steps only
+    control = {"lr": 1e-8, "train_reward": [{"step": k, "mean": 0.2, "slip_share": 0.5} for k in range(1, 10)]}
+    run = {"lr": 1e-4, "train_reward": [{"step": k, "mean": 0.3 if k > 6 else 0.9, "slip_share": 0.5 - k / 100}
+                                        for k in range(1, 10)]}
+    c = against_control(run, control)
+    assert c["steps"] == [7, 9] and c["mean"]["lo"] == pytest.approx(0.1) == c["mean"]["hi"]
+    slip = c["slip_share"]
+    assert slip["value"] == pytest.approx(-0.08) and -0.09 - 1e-9 <= slip["lo"] <= -0.08 <= slip["hi"] <= -0.07 + 1e-9
     # RL on one fixed task (--rl-tasks 1), every program of at most 4 steps (the world's longest), each task scored
     # by 3 sampled programs
     out = _smoke("rl_learning_probe.py", "--out", str(tmp_path / "p"), "--rl-tasks", "1", "--max-chain", "4",
