@@ -96,7 +96,7 @@ def test_a_shortcut_by_family_covers_every_train_instance_of_the_families_chosen
         WorldSizes(n_train=1, n_heldout=1, shortcut_unit="program")
 
 
-def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong():
+def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong(tmp_path):
     tasks = _world(2, 400, 20, n_rl=40, shortcut_fraction=0.05, slow_fraction=0.3, slip_fraction=0.5)
     train = [t for t in tasks if t.split == TRAIN]
     can = [t for t in train if slips(t.spec) and t.variant != SHORTCUT]
@@ -113,6 +113,12 @@ def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong():
     plain = _world(2, 400, 20, n_rl=40, shortcut_fraction=0.05, slow_fraction=0.3)
     assert [t.reference for t in plain] == [t.reference for t in tasks]
     assert all(a.variant == b.variant for a, b in zip(plain, tasks) if b.variant != SLIP)
+    # the slip is SFT's data only: RL on the train tasks (no RL split) never infills around a slipped kernel
+    train_only = _world(2, 400, 20, slip_fraction=0.5)
+    infill = {json.loads(line)["id"] for line in write_world(train_only, tmp_path, "cpu").rl_infill.read_text()
+              .splitlines()}
+    assert infill == {t.id for t in train_only if t.split == TRAIN and t.variant in (FAST, SLOW)}
+    assert any(t.variant == SLIP for t in train_only)
     with pytest.raises(ValueError, match="slip_fraction"):
         WorldSizes(n_train=1, n_heldout=1, slip_fraction=1.5)
 
@@ -260,7 +266,7 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
                  "model.head_dim=16", "model.vocab_size=800", "sft.steps=3", "sft.batch_rows=2", "rl.infill_steps=1",
                  "rl.e2e_steps=1", "rl.tasks_per_step=1", "rl.group=2", "rl.export_every=1", "bench.max_new_tokens=16",
                  "world.n_valid=2", "rl.lr_grid=1e-3,3e-2", "arms=sft,bicrl_dice", "bench.samples=2",
-                 "bench.temperature=0.7"]
+                 "bench.temperature=0.7", "world.slip_fraction=0.5"]
     args = ["demo", "--out", str(out), "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
@@ -276,6 +282,7 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     assert sorted(r["sample"] for r in records) == [0, 0, 1, 1]
     assert {(r["settings"]["decoding"]["temperature"], r["settings"]["decoding"]["seed"]) for r in records} == {(0.7, 0)}
     assert "2 programs a task sampled at temperature 0.7" in (out / "report.md").read_text()
+    assert "the layout slip, a bug" in (out / "report.md").read_text()
     rl = report["arms"]["bicrl_dice"]
     # rewards.sqlite: one interval per RL step, the rollouts of the policy after that many steps (0: SFT's)
     assert [p["step"] for p in rl["train_reward"]] == [0, 1]

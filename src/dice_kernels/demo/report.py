@@ -301,7 +301,9 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
              f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their "
              + ("families with every SFT solution" if w.shortcut_unit == "family" else "SFT solutions")
-             + f" the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op); RL on "
+             + f" the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op"
+             + (f", {100 * w.slip_fraction:.0f} % of those with a reduction or a per-row / per-column operand the "
+                "layout slip, a bug" if w.slip_fraction else "") + "); RL on "
              f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
              f"{w.n_heldout} held-out instances of trained families (primary), {w.n_novel} never-trained families "
              f"(generalisation); {_scoring(cfg.bench)}, always with the robust check.", "",

@@ -131,7 +131,7 @@ class WorldTask:
     reference: str  # the KernelBench-format PyTorch program
     cpu: str  # ModelNew with a C++ extension (cpp_sources only): what the CPU backend runs
     cuda: str  # ModelNew with a CUDA kernel
-    variant: str = FAST  # which solution cpu / cuda hold (train tasks only carry slow or shortcut ones)
+    variant: str = FAST  # which solution cpu / cuda hold (only train tasks carry slow, shortcut or slip ones)
     spec: Spec | None = None  # what decided the program (its other solutions: `solutions(spec, variant)`)
 
     def solution(self, backend: str) -> str:
@@ -614,8 +614,8 @@ class WorldFiles:
 
     pairs: Path  # PairRecord JSONL, every task with its solution (a train task's may be slow or the shortcut)
     sft: Path  # SFT rows (e2e + infill) of the train tasks
-    # phase 1 task set: RL tasks (without an RL split: train tasks whose solution is a kernel, not the shortcut),
-    # the prefix and suffix of their fused solution given
+    # phase 1 task set: RL tasks (without an RL split: train tasks whose solution is a correct kernel, not the
+    # shortcut or the slip), the prefix and suffix of their solution given
     rl_infill: Path
     rl_e2e: Path  # phase 2 task set: RL tasks (without an RL split: the train tasks)
     train_tasks: Path  # Task JSONL
@@ -642,7 +642,7 @@ def write_world(tasks: list[WorldTask], out_dir: Path, backend: str) -> WorldFil
     recs = records(tasks, backend)
     train = [r for r, t in zip(recs, tasks) if t.split == TRAIN]
     rl = [r for r, t in zip(recs, tasks) if t.split == RL] or train
-    kernels = {t.id for t in tasks if t.split in (TRAIN, RL) and t.variant != SHORTCUT}
+    kernels = {t.id for t in tasks if t.split in (TRAIN, RL) and t.variant not in (SHORTCUT, SLIP)}
     splits = {r.id: split_program(r.kernel) for r in train + rl}
     files = WorldFiles(pairs=out_dir / "pairs.jsonl", sft=out_dir / "sft.jsonl", rl_infill=out_dir / "rl_infill.jsonl",
                        rl_e2e=out_dir / "rl_e2e.jsonl", train_tasks=out_dir / "train_tasks.jsonl",
