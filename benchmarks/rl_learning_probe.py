@@ -16,7 +16,8 @@ its mean: a finer figure than one greedy program, whose flips on near-threshold 
 Printed: the train reward per step (mean over the step's rollouts, and the share of them with the layout slip),
 the validation match rate with its interval (Wilson; a bootstrap over tasks with --samples), and the paired
 difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last validation
-figure is chosen there, and only its policy's held-out figures (SFT and last, paired) are the result. The runs
+figure is chosen there, and only its policy's held-out figures (SFT and last, paired; with `world.slip_fraction`
+also the share of held-out programs with the slip) are the result. The runs
 draw the same RL tasks in the same order with the same seeds, so the smallest rate (e.g. 1e-8, too small to move the
 weights) is a control: every other rate's train reward and slip share over the last third of the steps are printed
 against it, paired by step.
@@ -94,9 +95,10 @@ def split_tasks(cfg, files, split: str):
     return load_task_set(path, "e2e")
 
 
-def policy_scores(step_fn, tasks, reward: TemplateReward, samples: int) -> dict[str, list[float]]:
-    """{task id: [1.0 or 0.0 per program]} of the policy's greedy program (`samples` 0, as the benchmark decodes),
-    or of `samples` programs sampled at the rollouts' temperature (seeded alike at every evaluation)."""
+def policy_programs(step_fn, tasks, samples: int) -> dict[str, list[str | None]]:
+    """{task id: [program, or None where none was extracted]} of the policy's greedy program (`samples` 0, as the
+    benchmark decodes), or of `samples` programs sampled at the rollouts' temperature (seeded alike at every
+    evaluation)."""
     from dice_kernels.train.rl.rollout import generate_rollouts
 
     r = step_fn.rollout
@@ -104,10 +106,15 @@ def policy_scores(step_fn, tasks, reward: TemplateReward, samples: int) -> dict[
     policy = step_fn.policy.refresh(step_fn.model)  # the unsharded copy the rollouts decode with
     rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, samples or 1, "e2e", step_fn.backend, sampling,
                                  r.batch_rows, 1_000, step_fn.stop_ids)
-    scores: dict[str, list[float]] = {}
+    programs: dict[str, list[str | None]] = {}
     for x in rollouts:
-        scores.setdefault(x.task.id, []).append(reward.paid(x.task.id, x.candidate.code))
-    return scores
+        programs.setdefault(x.task.id, []).append(x.candidate.code)
+    return programs
+
+
+def per_program(programs: dict[str, list[str | None]], score) -> dict[str, list[float]]:
+    """{task id: [score(program) per program]}: the shape demo/stats.py pairs and resamples by task."""
+    return {task: [float(score(task, code)) for code in codes] for task, codes in programs.items()}
 
 
 def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, reward: TemplateReward, dist,
@@ -137,12 +144,15 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
 
     def scores(tasks) -> dict[str, list[float]]:
-        return policy_scores(step_fn, tasks, reward, args.samples)
+        return per_program(policy_programs(step_fn, tasks, args.samples), reward.paid)
+
+    def slipped(programs) -> dict[str, list[float]]:
+        return per_program(programs, lambda _, code: code is not None and carries_slip(code))
 
     evals = {0: scores(valid)}
     echo(f"lr {lr:g}: SFT's validation {100 * rate_interval(evals[0]).value:.1f} % of {len(valid)} tasks")
-    heldout_sft = scores(heldout)
-    train, distinct, slipped, updates = [], [], [], 0
+    programs_sft = policy_programs(step_fn, heldout, args.samples)
+    train, distinct, slip_share, updates = [], [], [], 0
     for step in range(args.steps):
         stats = step_fn(step, "e2e", curriculum.next_batch())
         train.append(stats.reward_mean)
@@ -150,27 +160,34 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
         # the builds an execution reward would pay for this step at most (identical programs share one)
         distinct.append(len(set(codes)))
         # world.slip_fraction's bug in the rollouts: what RL should unlearn
-        slipped.append(sum(map(carries_slip, codes)) / max(1, len(codes)))
+        slip_share.append(sum(map(carries_slip, codes)) / max(1, len(codes)))
         updates += len(stats.updates)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             evals[step + 1] = scores(valid)
         echo(f"lr {lr:g} step {step + 1}/{args.steps}: train reward {stats.reward_mean:.3f} "
              f"({stats.trained_rollouts} of {stats.rollouts} rollouts trained, {len(stats.updates)} updates, "
-             f"{distinct[-1]} distinct programs, {100 * slipped[-1]:.0f} % with the layout slip)"
+             f"{distinct[-1]} distinct programs, {100 * slip_share[-1]:.0f} % with the layout slip)"
              + (f", validation {100 * rate_interval(evals[step + 1]).value:.1f} %" if step + 1 in evals else ""))
     n = r.tasks_per_step * r.group
     last = max(evals)
+    programs_last = policy_programs(step_fn, heldout, args.samples)
+    heldout_sft, final = per_program(programs_sft, reward.paid), per_program(programs_last, reward.paid)
+    slip_sft, slip_last = slipped(programs_sft), slipped(programs_last)
     return {"lr": lr, "updates": updates,
             "train_reward": [{"step": k + 1, "mean": m, "interval": dataclasses.asdict(wilson(round(m * n), n)),
                               "distinct_programs": d, "slip_share": sl}
-                             for k, (m, d, sl) in enumerate(zip(train, distinct, slipped))],
+                             for k, (m, d, sl) in enumerate(zip(train, distinct, slip_share))],
             "validation": [{"step": k, **dataclasses.asdict(rate_interval(v))} for k, v in sorted(evals.items())],
             "last_minus_sft": compare(evals[last], evals[0], f"step {last}"),
             "heldout": {"sft": dataclasses.asdict(rate_interval(heldout_sft)),
-                        "last": dataclasses.asdict(rate_interval(final := scores(heldout))),
+                        "last": dataclasses.asdict(rate_interval(final)),
                         "last_minus_sft": compare(final, heldout_sft, f"step {last}"),
                         # per task, for pairing across runs (demo/stats.py's runs_difference over seeds)
-                        "scores": {"sft": heldout_sft, "last": final}}}
+                        "scores": {"sft": heldout_sft, "last": final},
+                        # the share of programs with world.slip_fraction's bug, SFT's and the last policy's
+                        "slip": {"sft": dataclasses.asdict(rate_interval(slip_sft)),
+                                 "last": dataclasses.asdict(rate_interval(slip_last)),
+                                 "last_minus_sft": compare(slip_last, slip_sft, f"step {last}")}}}
 
 
 def compare(after: dict[str, list[float]], before: dict[str, list[float]], name: str) -> dict:
@@ -301,6 +318,10 @@ def main() -> None:
           f"{100 * h['sft']['value']:.1f} % -> {100 * h['last']['value']:.1f} % [{100 * h['last']['lo']:.1f}, "
           f"{100 * h['last']['hi']:.1f}]; paired {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] "
           f"({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
+    if cfg.world.slip_fraction:
+        slip = h["slip"]
+        print(f"held-out programs with the layout slip: SFT {100 * slip['sft']['value']:.1f} % -> "
+              f"{100 * slip['last']['value']:.1f} %; paired {points(slip['last_minus_sft'])}")
     (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
                                                     "rl_tasks": args.rl_tasks, "max_chain": args.max_chain,
                                                     "samples": args.samples,

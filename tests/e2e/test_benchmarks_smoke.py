@@ -183,9 +183,9 @@ def test_rl_learning_probe(tmp_path):
     slip = c["slip_share"]
     assert slip["value"] == pytest.approx(-0.08) and -0.09 - 1e-9 <= slip["lo"] <= -0.08 <= slip["hi"] <= -0.07 + 1e-9
     # RL on one fixed task (--rl-tasks 1), every program of at most 4 steps (the world's longest), each task scored
-    # by 3 sampled programs
+    # by 3 sampled programs, in a world with the layout slip
     out = _smoke("rl_learning_probe.py", "--out", str(tmp_path / "p"), "--rl-tasks", "1", "--max-chain", "4",
-                 "--samples", "3", cwd=tmp_path)
+                 "--samples", "3", "--set", "world.slip_fraction=0.5", cwd=tmp_path)
     assert "| rl.lr | updates |" in out
     assert "chosen on validation: rl.lr" in out and "3 samples a task at temperature 0.7" in out
     probe = _json(tmp_path / "p" / "probe.json")
@@ -197,7 +197,9 @@ def test_rl_learning_probe(tmp_path):
     # a step's distinct programs: at least one of its 2 tasks x 2 rollouts unless none was extracted, at most 4
     assert all(0 <= x["distinct_programs"] <= 4 for x in run["train_reward"])
     assert all(0 <= x["slip_share"] <= 1 for x in run["train_reward"]) and "with the layout slip)" in out
-    assert set(run["heldout"]) == {"sft", "last", "last_minus_sft", "scores"}
+    assert set(run["heldout"]) == {"sft", "last", "last_minus_sft", "scores", "slip"}
+    assert 0 <= run["heldout"]["slip"]["sft"]["value"] <= 1 and "gained" in run["heldout"]["slip"]["last_minus_sft"]
+    assert "held-out programs with the layout slip: SFT" in out
 
 
 def test_warm_workers(tmp_path, build_cache):
