@@ -123,7 +123,8 @@ def test_only_rows_after_the_first_optimizer_step_pay_an_old_policy_forward(dist
     monkeypatch.setattr(trainer, "token_logprobs", counting)
     _, _, stats = _update(dist, trajectories, 1.0, lr=1e-3, update=UpdateConfig(micro_rows=4, updates_per_step=updates))
     assert len(stats["updates"]) == updates
-    second_step_rows = len(trainer.update_parts(list(range(len(trajectories))), updates)[-1]) if updates > 1 else 0
+    parts = trainer.update_parts(list(range(len(trajectories))), updates)
+    second_step_rows = len(parts[-1]) if updates > 1 else 0
     assert sum(no_grad) == -(-second_step_rows // 4)  # its micro-batches of 4 rows
-    assert len(no_grad) - sum(no_grad) == sum(-(-len(p) // 4) for p in trainer.update_parts(
-        list(range(len(trajectories))), updates))  # one forward with gradient per micro-batch, as before
+    # one forward with gradient per micro-batch, as before
+    assert len(no_grad) - sum(no_grad) == sum(-(-len(p) // 4) for p in parts)
