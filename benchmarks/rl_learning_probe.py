@@ -3,10 +3,10 @@
 The demo world's end-to-end RL (train/rl/trainer.py's RLStep, the demo preset's rollout and update settings) with a
 reward that needs no build: 1 when a rollout's program is one of its task's template solutions (fused or op by op;
 with `world.slip_fraction`, also the slipped fused one where the slip changes no value) line for line (indentation,
-`//` comments and blank lines aside), else 0. For the demo's templates that is a proxy
-of execution — a template program is correct, and nearly every program that differs from them computes something
-else (a wrong op, constant or reduction copied from the prompt) — so this measures the RL machinery and its
-settings (rate, steps, groups) without a harness: a step costs a rollout and an update only. What it cannot show:
+`//` comments and blank lines aside), else 0. For the demo's templates that is a proxy of execution — a template
+program is correct, and nearly every program that differs from them computes something else (a wrong op, constant
+or reduction copied from the prompt) — so this measures the RL machinery and its settings (rate, steps, groups)
+without a harness: a step costs a rollout and an update only. What it cannot show:
 the robust check, partial credit, speed, or a correct program written another way (paid 0 here).
 
 Each rate in --lrs starts from the same SFT checkpoint and trains --steps steps on the world's RL tasks; before it
@@ -17,10 +17,9 @@ Printed: the train reward per step (mean over the step's rollouts, and the share
 the validation match rate with its interval (Wilson; a bootstrap over tasks with --samples), and the paired
 difference (last evaluation − SFT, 95 % paired bootstrap over the tasks). The rate with the best last validation
 figure is chosen there, and only its policy's held-out figures (SFT and last, paired; with `world.slip_fraction`
-also the share of held-out programs with the slip) are the result. The runs
-draw the same RL tasks in the same order with the same seeds, so the smallest rate (e.g. 1e-8, too small to move the
-weights) is a control: every other rate's train reward and slip share over the last third of the steps are printed
-against it, paired by step.
+also the share of held-out programs with the slip) are the result. The runs draw the same RL tasks in the same
+order with the same seeds, so the smallest rate (e.g. 1e-8, too small to move the weights) is a control: every other
+rate's train reward and slip share over the last third of the steps are printed against it, paired by step.
 The world and SFT come from the demo stages (`dice demo`'s own functions; an --out that has them is reused; give a
 new --out when world sizes change):
 
