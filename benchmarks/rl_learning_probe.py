@@ -279,10 +279,16 @@ def main() -> None:
     rl_tasks = [t for t in load_task_set(files.rl_e2e, "e2e") if keep(t.id)][:args.rl_tasks or None]
     if not rl_tasks:
         raise SystemExit(f"no RL task has at most {args.max_chain} steps")
+    record = {"scale": args.scale, "overrides": overrides, "steps": args.steps, "rl_tasks": args.rl_tasks,
+              "max_chain": args.max_chain, "samples": args.samples, "sft_operator_copy": copy,
+              "validation_tasks": len(valid), "heldout_tasks": len(heldout)}
     dist = init_distributed()
+    runs = []
     try:
-        runs = [run_rate(cfg, files, sft, float(lr), args, rl_tasks, valid, heldout, reward, dist, echo)
-                for lr in args.lrs.split(",")]
+        for lr in args.lrs.split(","):
+            runs.append(run_rate(cfg, files, sft, float(lr), args, rl_tasks, valid, heldout, reward, dist, echo))
+            # saved after each rate, so a run cut short keeps the rates it finished
+            (cfg.out / "probe.json").write_text(json.dumps({**record, "complete": False, "runs": runs}, indent=1))
     finally:
         shutdown()
     scoring = f"{args.samples} samples a task at temperature {cfg.rl.temperature:g}" if args.samples else "greedy"
@@ -321,12 +327,8 @@ def main() -> None:
         slip = h["slip"]
         print(f"held-out programs with the layout slip: SFT {100 * slip['sft']['value']:.1f} % -> "
               f"{100 * slip['last']['value']:.1f} %; paired {points(slip['last_minus_sft'])}")
-    (cfg.out / "probe.json").write_text(json.dumps({"scale": args.scale, "overrides": overrides, "steps": args.steps,
-                                                    "rl_tasks": args.rl_tasks, "max_chain": args.max_chain,
-                                                    "samples": args.samples,
-                                                    "sft_operator_copy": copy,
-                                                    "validation_tasks": len(valid), "heldout_tasks": len(heldout),
-                                                    "chosen_lr": chosen["lr"], "runs": runs}, indent=1))
+    (cfg.out / "probe.json").write_text(json.dumps({**record, "complete": True, "chosen_lr": chosen["lr"],
+                                                    "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
