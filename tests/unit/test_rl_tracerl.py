@@ -11,8 +11,8 @@ from model_fixtures import VOCAB, tiny_model
 
 from dice_kernels.model import Attention, Layout, block_diffusion_mask_mod, dense_mask
 from dice_kernels.sampling.decoder import SamplingConfig, decode
-from dice_kernels.train.rl.tracerl import (Trajectory, policy_loss, replay_batch, replay_length, row_of_scored,
-                                           token_logprobs)
+from dice_kernels.train.rl.tracerl import (Trajectory, denoising_rows, policy_loss, replay_batch, replay_length,
+                                           row_of_scored, token_logprobs)
 
 BLOCK, MASK, PAD = 4, VOCAB - 1, 0
 STOPS = list(range(40, 90))  # many stop ids, so some rows stop inside a block and some run to the limit
@@ -71,6 +71,16 @@ def test_replayed_states_are_the_states_the_sampler_saw(strategy):
             assert logits.argmax(-1)[chosen].tolist() == tokens
             checked += len(tokens)
     assert checked == sum(len(t.tokens) for t in trajectories) >= 20
+
+
+def test_denoising_rows_count_the_states_the_replay_scores():
+    """DICE's rows_per_update rule and the rollout's row-forwards count these, also where a prompt (5, 3 or 11
+    tokens) ends inside a block and its first decode block holds the prompt's remainder."""
+    model = tiny_model(3).double()
+    trajectories = _rollouts(model, temperature=1.0, strategy="dynamic", seed=1)
+    naive = [sum(1 for _ in _naive_states(model, t)) for t in trajectories]
+    assert [denoising_rows(t, BLOCK) for t in trajectories] == naive
+    assert any(len(t.prompt) % BLOCK for t in trajectories)
 
 
 @pytest.mark.parametrize("backend", ["dense", "flex"])

@@ -84,19 +84,25 @@ def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[in
     return ids, pos, noisy, copy, targets
 
 
+def scored_states(traj: Trajectory, block_size: int) -> dict[int, set[int]]:
+    """The denoising steps that unmasked a generated token, per block. Blocks lie on the sequence's grid, prompt
+    included (the first may hold the prompt's remainder), as the sampler decodes them."""
+    steps: dict[int, set[int]] = {}
+    for j, s in enumerate(traj.steps):
+        steps.setdefault((len(traj.prompt) + j) // block_size, set()).add(s)
+    return steps
+
+
 def denoising_rows(traj: Trajectory, block_size: int) -> int:
     """DICE's rows of a response: one per (block, denoising step) that unmasked a generated token, i.e. the states
     its replay scores (DICE's trainer feeds each as its own row; ours scores them all in one sequence)."""
-    return len({(j // block_size, s) for j, s in enumerate(traj.steps)})
+    return sum(map(len, scored_states(traj, block_size).values()))
 
 
 def replay_length(traj: Trajectory, block_size: int) -> int:
     """Tokens in a trajectory's scoring row: its clean context and one block per (block, step) scored."""
     seq = len(traj.prompt) + len(traj.tokens)
-    steps: dict[int, set[int]] = {}
-    for j, s in enumerate(traj.steps):
-        steps.setdefault((len(traj.prompt) + j) // block_size, set()).add(s)
-    return (seq - 1) // block_size * block_size + block_size * sum(len(v) for v in steps.values())
+    return (seq - 1) // block_size * block_size + block_size * denoising_rows(traj, block_size)
 
 
 def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, pad_id: int,
