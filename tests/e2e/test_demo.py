@@ -283,6 +283,10 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     assert {(r["settings"]["decoding"]["temperature"], r["settings"]["decoding"]["seed"]) for r in records} == {(0.7, 0)}
     assert "2 programs a task sampled at temperature 0.7" in (out / "report.md").read_text()
     assert "the layout slip, a bug" in (out / "report.md").read_text()
+    # in a world with the slip, each arm's share of held-out programs with it, and every RL arm's against SFT's
+    assert all(0.0 <= row["heldout"]["slip"]["value"] <= 1.0 for row in report["arms"].values())
+    assert [c["b"] for c in report["comparisons"] if c["a"] == "bicrl_dice (slip)"] == ["sft (slip)"]
+    assert "| layout slip |" in (out / "report.md").read_text()
     rl = report["arms"]["bicrl_dice"]
     # rewards.sqlite: one interval per RL step, the rollouts of the policy after that many steps (0: SFT's)
     assert [p["step"] for p in rl["train_reward"]] == [0, 1]

@@ -8,8 +8,9 @@ import sqlite3
 from pathlib import Path
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import (changed_outputs, outcome_counts, rl_effort, scale_limits, timing_spread,
-                                      train_reward_trend, train_rewards)
+from dice_kernels.demo.report import (bench_scores, changed_outputs, outcome_counts, rl_effort, scale_limits,
+                                      timing_spread, train_reward_trend, train_rewards)
+from dice_kernels.demo.world import SLIP, FAST, build_world, slips, solutions, WorldSizes
 
 
 def _rewards(run: Path, rows: list[tuple[int, int, str, float]]) -> Path:
@@ -174,3 +175,25 @@ def test_the_rollout_check_counts_deceptive_and_paid_deceptive_rollouts_per_wind
     assert trend["deceptive"]["diff"]["value"] == -0.25 and trend["paid_deceptive"]["diff"]["value"] == 0.25
     assert trend["deceptive"]["diff"]["n"] == 2
     assert deception_trend(tmp_path / "missing.jsonl") is None
+
+
+def test_a_bench_run_scores_the_programs_that_carry_the_layout_slip(tmp_path):
+    """Per task, the share of its programs with world.slip_fraction's slip, read from each result's program file:
+    by its recorded path, or under the run's generations/ when the run was moved."""
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+    [task] = [t for t in build_world(0, WorldSizes(n_train=200, n_heldout=1))[:50] if slips(t.spec)][:1]
+    run = tmp_path / "bench" / "heldout"
+    rows = []
+    for n, (variant, outcome) in enumerate(((SLIP, Outcome.VALUE_MISMATCH), (FAST, Outcome.CORRECT))):
+        path = run / "generations" / "level1" / "1_x" / f"s{n}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"```python\n{solutions(task.spec, variant)[0]}\n```\n")
+        rows.append(EvalResult("t", f"t#s{n}", str(n), outcome, solution_path=str(path)))
+    rows.append(EvalResult("u", "u#s0", "9", Outcome.COMPILE_ERROR, solution_path=str(run / "generations" / "gone.md")))
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_row()) + "\n" for r in rows))
+    (run / "summary.json").write_text("{}")
+    assert bench_scores(run)["slip"] == {"t": [1.0, 0.0], "u": [0.0]}
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    assert bench_scores(moved)["slip"] == {"t": [1.0, 0.0], "u": [0.0]}

@@ -16,10 +16,12 @@ from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
 from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title, windows
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
+from dice_kernels.demo.world import carries_slip
 
-# per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, and what a check without
-# the robust step would have passed (outputs matched: DICE's correctness)
-MEASURES = ("exec", "fast_1", "deceptive", "passed_outputs")
+# per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, what a check without the
+# robust step would have passed (outputs matched: DICE's correctness) and whether the program carries
+# world.slip_fraction's layout slip (the bug RL should unlearn)
+MEASURES = ("exec", "fast_1", "deceptive", "passed_outputs", "slip")
 # the comparisons the report states, (a, b, measure): each RL arm against SFT, then the questions of the design
 COMPARISONS = (("bicrl_robust", "e2e_robust", "exec"), ("e2e_robust", "e2e_dice", "exec"),
                ("bicrl_robust", "bicrl_dice", "exec"), ("e2e_dice", "sft", "deceptive"),
@@ -42,10 +44,20 @@ def bench_scores(run: Path) -> dict[str, Scores] | None:
             continue
         m = compute([r])
         values = {"exec": m.exec_rate, "fast_1": m.fast["fast_1"],
-                  "deceptive": float(r.outcome is Outcome.DECEPTIVE), "passed_outputs": float(passed_comparison(r))}
+                  "deceptive": float(r.outcome is Outcome.DECEPTIVE), "passed_outputs": float(passed_comparison(r)),
+                  "slip": float(carries_slip(_solution_text(run, r.solution_path)))}
         for k, v in values.items():
             out[k].setdefault(r.task_id, []).append(v)
     return out
+
+
+def _solution_text(run: Path, solution_path: str) -> str:
+    """A bench result's program file: its recorded path (relative to where the bench ran), else the same file under
+    this run's generations/ (a run folder moved or read from elsewhere); empty when there is none."""
+    path = Path(solution_path)
+    if solution_path and not path.is_file() and "generations" in path.parts:
+        path = run.joinpath(*path.parts[path.parts.index("generations"):])
+    return path.read_text(errors="replace") if solution_path and path.is_file() else ""
 
 
 def train_rewards(run_dir: Path, group: int) -> list[tuple[int, Scores]]:
@@ -194,9 +206,10 @@ def tuning(cfg: DemoConfig) -> list[dict]:
 
 
 def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
-    """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 against SFT, then COMPARISONS'
-    questions."""
-    pairs = [(a, "sft", m) for a in arms if a != "sft" for m in ("exec", "fast_1")]
+    """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 (and in a world with the layout slip,
+    its share of programs with it) against SFT, then COMPARISONS' questions."""
+    measures = ("exec", "fast_1") + (("slip",) if cfg.world.slip_fraction else ())
+    pairs = [(a, "sft", m) for a in arms if a != "sft" for m in measures]
     pairs += [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
     out = []
     for a, b, measure in pairs:
@@ -312,16 +325,20 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              "Rates in % with their 95 % interval (Wilson; bootstrap over tasks with several samples a task). RL: "
              "steps / optimizer updates / rollouts with a gradient (in groups with reward variance) of all rollouts; "
              "changed: held-out tasks whose first output differs from SFT's"
-             + (" (sampled: chance alone changes some)." if cfg.bench.temperature else "."), "",
-             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | novel Exec | RL | "
-             "changed |", "|---|---|---|---|---|---|---|---|"]
+             + (" (sampled: chance alone changes some)" if cfg.bench.temperature else "")
+             + ("; layout slip: held-out programs with the slip the SFT data carries (wrong wherever it changes "
+                "values)." if w.slip_fraction else "."), "",
+             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | "
+             + ("layout slip | " if w.slip_fraction else "") + "novel Exec | RL | changed |",
+             "|---|---|---|---|---|" + ("---|" if w.slip_fraction else "") + "---|---|---|"]
     for a, row in rows.items():
         h, n, effort, changed = row.get("heldout", {}), row.get("novel", {}), row.get("rl"), row.get("changed_outputs")
         rl = (f"{effort['steps']} / {effort['updates']} / {effort['trained_rollouts']} of {effort['rollouts']}"
               if effort else "–")
         lines.append(f"| {row['title']} | {_pct(h.get('exec'))} | {_pct(h.get('fast_1'))} | "
-                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | {_pct(n.get('exec'))} | {rl} | "
-                     f"{f'{changed[0]} of {changed[1]}' if changed else '–'} |")
+                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | "
+                     + (f"{_pct(h.get('slip'))} | " if w.slip_fraction else "")
+                     + f"{_pct(n.get('exec'))} | {rl} | {f'{changed[0]} of {changed[1]}' if changed else '–'} |")
     lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",
               "| A | B | tasks | A − B | verdict |", "|---|---|---|---|---|"]
     for c in cmps:
