@@ -94,6 +94,10 @@ def test_generations_folder_gives_exactly_the_expected_outcomes(tmp_path, build_
     assert {k: v for k, v in m["outcomes"].items() if v} == {"correct": 1, "deceptive": 1, "generation_failure": 1}
     assert m["exec_rate"] == pytest.approx(1 / 3) and m["exec_before_robust"] == pytest.approx(2 / 3)
     assert m["deceptive_kinds"] == {"extension_unused": 1}
+    summary = json.loads((run / "summary.json").read_text())
+    # where the work went: the two programs that compiled were built (or found in the session's build cache) and run
+    assert summary["phases"]["run"] > 0 and summary["built"] <= 2
+    assert "Evaluation work by phase" in (run / "report.md").read_text()
     # a second run over the same folder evaluates nothing again
     out = _bench("-g", str(tmp_path / "outputs"), "--out", str(run), "--cache-dir", str(build_cache), *FAST)
     assert "0 to evaluate, 3 already recorded" in out

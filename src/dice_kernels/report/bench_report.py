@@ -13,6 +13,7 @@ from typing import Callable
 
 from dice_kernels.harness import EvalResult, Outcome
 from dice_kernels.harness.metrics import by_level, compute
+from dice_kernels.report.eval_report import seconds_by_phase
 
 PAPER_FAST = ("fast_1", "fast_2")
 FAILURES = tuple(o.value for o in Outcome if not o.passes)
@@ -80,7 +81,10 @@ def summarize(results: list[EvalResult], info: dict, timing: list[dict]) -> dict
             "software": info.get("software", {}), "generation_hardware": info.get("generation_hardware"),
             "eval_hardware": hardware, "backend": sorted({r.backend for r in results if r.backend}),
             "command": info.get("command"), "started": info.get("started"), "n": len(results),
-            "metrics": levels, "pass_at_k": pass_k, "time": time_split(timing)}
+            "metrics": levels, "pass_at_k": pass_k, "time": time_split(timing),
+            # where the evaluation's work went, and how many candidates were built rather than found in the cache
+            "phases": seconds_by_phase(results),
+            "built": sum(r.build is not None and not r.build.cache_hit for r in results)}
 
 
 def _pct(x: float | None) -> str:
@@ -145,6 +149,11 @@ def markdown(s: dict) -> str:
     if t["tokens_per_s"]:
         lines.append(f"Generation: {t['generated_tokens']:,} tokens in {t['generated_outputs']} outputs, "
                      f"{t['tokens_per_s']:,.1f} tokens/s. Times add up over every invocation of a resumed run.")
+    if s.get("phases"):
+        lines += ["", f"Evaluation work by phase, seconds summed over the candidates (parallel workers add up, so the "
+                  f"sum exceeds the wall time); {s['built']} of {s['n']} candidates built, the rest found in the build "
+                  "cache, duplicates or never built:", "", "| phase | seconds |", "|---|---|",
+                  *[f"| {k} | {v:.1f} |" for k, v in s["phases"].items()]]
     lines += ["", "![benchmark](report.png)", ""]
     return "\n".join(lines)
 
