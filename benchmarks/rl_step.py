@@ -77,7 +77,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
               "rollouts": stats.rollouts, "tokens_generated": stats.tokens_generated,
               "outcomes": stats.outcomes, "trained_rollouts": stats.trained_rollouts, "loss": stats.loss,
               "kl": stats.kl, "grad_norm": stats.grad_norm}
-    result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout.block_size, "rollout"))
+    result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout, "rollout"))
     if stats.trained_rollouts == 0:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
         # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
@@ -110,7 +110,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         began = time.monotonic()
         again = step.rollouts(1, "e2e", tasks)
         result["rollout_again_s"] = time.monotonic() - began
-        result.update(_decode_rates(again, result["rollout_again_s"], rollout.block_size, "rollout_again"))
+        result.update(_decode_rates(again, result["rollout_again_s"], rollout, "rollout_again"))
         if "update_warm_s" in result:
             result["step_again_s"] = result["rollout_again_s"] + result["reward_s"] + result["update_warm_s"]
     if dist.device.type == "cuda":
@@ -121,7 +121,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     return result
 
 
-def _decode_rates(rollouts: list, seconds: float, block: int, name: str) -> dict:
+def _decode_rates(rollouts: list, seconds: float, rollout, name: str) -> dict:
     """Tokens/s, and what it is made of: row-forwards/s (a row's denoising forwards, one per block and step that
     unmasked a token; the decoder's speed) times tokens per row-forward (up to the block size: how confident the
     model is). Random weights are unconfident, about one token a forward under the dynamic strategy; the same
@@ -129,21 +129,23 @@ def _decode_rates(rollouts: list, seconds: float, block: int, name: str) -> dict
     (`batch_forwards`: the step decodes every rollout in one batch), how many of them committed a block, and the
     rows busy in an average one."""
     from dice_kernels.train.rl.tracerl import denoising_rows
+    block = rollout.block_size
     tokens = sum(len(r.trajectory.tokens) for r in rollouts)
     row_forwards = sum(denoising_rows(r.trajectory, block) for r in rollouts)
-    forwards, committing, busy = batch_forwards([r.trajectory for r in rollouts], block)
+    forwards, committing, busy = batch_forwards([r.trajectory for r in rollouts], block, rollout.steps)
     return {f"{name}_tokens_per_s": tokens / seconds, f"{name}_row_forwards_per_s": row_forwards / seconds,
             f"{name}_tokens_per_row_forward": tokens / max(row_forwards, 1), f"{name}_forwards": forwards,
             f"{name}_committing_forwards": committing, f"{name}_rows_per_forward": busy / max(forwards, 1),
             f"{name}_ms_per_forward": 1e3 * seconds / max(forwards, 1)}
 
 
-def batch_forwards(trajectories: list, block: int) -> tuple[int, int, int]:
+def batch_forwards(trajectories: list, block: int, steps: int) -> tuple[int, int, int]:
     """(forwards, committing forwards, row-forwards) of one `decode` batch that held every trajectory's row from its
-    first forward (no refill), rebuilt from the trajectories: a row spends on each block of its grid as many
-    forwards as the block's last unmasking step + 1, and the first forward of each later block commits the
-    finished one (writes its K/V: twice the queries, for every row of the batch, when any row commits). The batch
-    runs until its longest row ends; a row that has ended idles in it."""
+    first forward (no refill), rebuilt from the trajectories: a row first sits out the forwards that keep its blocks
+    in step with the batch's (the decoder's `_first_block_wait`: its prompt partly fills its first block), then
+    spends on each block of its grid as many forwards as the block's last unmasking step + 1, and the first forward
+    of each later block commits the finished one (writes its K/V: twice the queries, for every row of the batch,
+    when any row commits). The batch runs until its longest row ends; a row that has ended idles in it."""
     commits: set[int] = set()
     forwards = busy = 0
     for t in trajectories:
@@ -151,7 +153,8 @@ def batch_forwards(trajectories: list, block: int) -> tuple[int, int, int]:
         for j, step in enumerate(t.steps + t.tail_steps):
             b = (len(t.prompt) + j) // block
             last_step[b] = max(last_step.get(b, 0), step)
-        at = 0
+        masks = block - len(t.prompt) % block
+        at = min(block, steps) - min(masks, steps)
         for k, b in enumerate(sorted(last_step)):
             if k:
                 commits.add(at)

@@ -307,7 +307,7 @@ def test_rl_step_rebuilds_the_batch_forwards_of_a_decode(monkeypatch, threshold,
     out = decode(model, prompts, cfg, stops)
     trajs = [Trajectory(p, t, s, tail, tail_steps) for p, t, s, tail, tail_steps
              in zip(prompts, out.tokens, out.unmask_steps, out.tail_tokens, out.tail_steps)]
-    forwards, commits, busy = batch_forwards(trajs, 4)
+    forwards, commits, busy = batch_forwards(trajs, 4, cfg.steps)
     assert (forwards, commits) == (out.forwards, sum(committing)) == (len(committing), sum(committing))
     assert 0 < commits < forwards
     assert busy < 4 * forwards  # rows end in different forwards and idle in the batch until the last one ends

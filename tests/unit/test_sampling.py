@@ -71,6 +71,27 @@ def test_trajectory_records_the_step_of_every_token(model64):
     assert two.forwards == 8
 
 
+@pytest.mark.parametrize("steps", [4, 2])
+def test_rows_whose_prompts_end_inside_a_block_commit_in_step_with_the_others(model64, monkeypatch, steps):
+    """A forward in which any row commits a block runs twice the queries for every row. Prompts of 3, 8, 1 and 6
+    tokens leave 1, 4, 3 and 2 masks in their first blocks: a row sits out the forwards that make its first block end
+    with a whole one's, so under static unmasking blocks are committed in one forward of every `steps` (without the
+    wait: in nearly every forward), and each row's output is the one it gets decoded alone."""
+    committing = []
+    call = decoder._CachedForward.__call__
+
+    def counting(self, state, any_commit, kv_len):
+        committing.append(any_commit)
+        return call(self, state, any_commit, kv_len)
+
+    monkeypatch.setattr(decoder._CachedForward, "__call__", counting)
+    cfg = SamplingConfig(max_new_tokens=17, steps=steps)
+    out = decode(model64, PROMPTS, cfg, NO_STOP)
+    assert [i for i, c in enumerate(committing) if c] == list(range(steps, len(committing), steps))
+    alone = [decode(model64, [p], cfg, NO_STOP) for p in PROMPTS]
+    assert out.tokens == [a.tokens[0] for a in alone] and out.unmask_steps == [a.unmask_steps[0] for a in alone]
+
+
 def test_stop_token_ends_a_row_and_is_kept(model64):
     free = decode(model64, PROMPTS, SamplingConfig(max_new_tokens=16), NO_STOP)
     row = free.tokens[1]

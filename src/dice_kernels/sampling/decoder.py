@@ -91,14 +91,17 @@ class _State:
     step: Tensor  # [B] denoising step within that block
     masked_at_start: Tensor  # [B] masks the block had when it began
     commit: Tensor  # [B] bool: the previous block is final but its K/V are not in the cache yet
+    # [B] forwards the row sits out before its first block (`_first_block_wait`), so that its blocks end, and commit,
+    # in the same forwards as a row whose prompt ends on a block boundary
+    wait: Tensor
     done: Tensor  # [B] bool
     # [B] bool: a forward gave the row non-finite logits (a NaN confidence), which no strategy can decode from:
     # argmax and the sampling race would pick an arbitrary token without a word
     nonfinite: Tensor
 
 
-def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: int, device: torch.device,
-                   longest: int) -> _State:
+def _initial_state(prompts: list[list[int]], block: int, steps: int, max_new: int, mask_id: int,
+                   device: torch.device, longest: int) -> _State:
     """The rows' state for `prompts`, with room for a prompt of `longest` tokens (a later one may take a row)."""
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     # positions past a row's limit stay masked and unread; the rounding only makes shapes recur across calls
@@ -110,7 +113,8 @@ def _initial_state(prompts: list[list[int]], block: int, max_new: int, mask_id: 
     start, masked = _first_block(lengths, block)
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
-                  masked_at_start=masked, commit=zeros.bool(), done=zeros.bool(), nonfinite=zeros.bool())
+                  masked_at_start=masked, commit=zeros.bool(), wait=_first_block_wait(masked, block, steps),
+                  done=zeros.bool(), nonfinite=zeros.bool())
 
 
 def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | Tensor]:
@@ -120,7 +124,19 @@ def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | 
     return start, start + block - length
 
 
-def _refill_row(state: _State, row: int, prompt: list[int], block: int, mask_id: int) -> int:
+def _first_block_wait(masks: int | Tensor, block: int, steps: int) -> int | Tensor:
+    """Forwards a row whose first decode block has `masks` masks sits out before it: a block takes one forward per
+    step that has a token to unmask (at one token a step, fewer for a block the prompt partly fills), and a
+    forward in which any row commits a block runs twice the queries for every row. Rows that end their blocks in
+    the same forwards share those committing forwards: with static unmasking every later block takes `steps`
+    forwards, so a batch stays in step and one forward in `steps` commits, where prompts of mixed lengths left it
+    committing in nearly every forward (docs/model.md). Outputs are unchanged: a row computes nothing while it
+    waits."""
+    full = min(block, steps)
+    return full - (masks.clamp(max=steps) if isinstance(masks, Tensor) else min(masks, steps))
+
+
+def _refill_row(state: _State, row: int, prompt: list[int], block: int, steps: int, mask_id: int) -> int:
     """Give `row` a new prompt, in place (graphs read the state's tensors at fixed addresses), as `_initial_state`
     would have; returns its first decode block's position, the prompt's slots to prefill."""
     start, masked = _first_block(len(prompt), block)
@@ -128,7 +144,8 @@ def _refill_row(state: _State, row: int, prompt: list[int], block: int, mask_id:
     state.seq[row, : len(prompt)] = torch.tensor(prompt, device=state.seq.device)
     state.unmask_step[row].fill_(-1)
     for field_, value in ((state.prompt_len, len(prompt)), (state.start, start), (state.step, 0),
-                          (state.masked_at_start, masked), (state.commit, False), (state.done, False)):
+                          (state.masked_at_start, masked), (state.commit, False),
+                          (state.wait, _first_block_wait(masked, block, steps)), (state.done, False)):
         field_[row] = value
     return start
 
@@ -329,11 +346,13 @@ def _denoise_step(state: _State, tokens: Tensor, confidence: Tensor, *, cfg: Sam
     tokens_now = state.seq.gather(1, cur)
     masked = tokens_now == mask_id
     count = transfer_count(state.masked_at_start, state.step, cfg.steps)
-    chosen = choose_unmask(confidence, masked, count, cfg.strategy, cfg.threshold) & ~state.done[:, None]
+    waiting = state.wait > 0
+    chosen = choose_unmask(confidence, masked, count, cfg.strategy, cfg.threshold) & ~(state.done | waiting)[:, None]
     state.seq.scatter_(1, cur, torch.where(chosen, tokens, tokens_now))
     steps_now = state.unmask_step.gather(1, cur)
     state.unmask_step.scatter_(1, cur, torch.where(chosen, state.step[:, None], steps_now))
-    state.step += 1
+    state.step += ~waiting
+    state.wait -= waiting.long()
 
     finished = ~(masked & ~chosen).any(-1) & ~state.done
     generated = cur >= state.prompt_len[:, None]
@@ -416,7 +435,8 @@ def decode(model: BlockDiffusionLM, prompts: list[list[int]], cfg: SamplingConfi
     if not prompts or min(len(p) for p in prompts) == 0:
         raise ValueError("every prompt needs at least one token")
     width = min(rows or len(prompts), len(prompts))
-    state = _initial_state(prompts[:width], block, cfg.max_new_tokens, mask_id, device, max(map(len, prompts)))
+    state = _initial_state(prompts[:width], block, cfg.steps, cfg.max_new_tokens, mask_id, device,
+                           max(map(len, prompts)))
     ops = compiled_ops() if _compiles(cfg, device) else model.layer_ops
     with model.using_layer_ops(ops):  # graphs captured now record the compiled kernels
         return _decode(model, state, cfg, stop_ids, block, mask_id, prompts, on_response)
@@ -452,7 +472,7 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
             raise RuntimeError(f"the model gave non-finite logits (NaN or inf) after {forwards} decoding forward(s): "
                                "its weights or activations overflowed or hold NaN (check the checkpoint, and try "
                                "float32 or bfloat16 where float16 was used)")
-        if any(done) and rows.refill(state, done, cached, cfg.max_new_tokens, block, mask_id):
+        if any(done) and rows.refill(state, done, cached, cfg, block, mask_id):
             all_done, any_commit, furthest, _ = _loop_flags(state, False)
         if all_done:
             break
@@ -505,7 +525,7 @@ class _Rows:
     def waiting(self) -> bool:
         return self.next_prompt < len(self.prompts)
 
-    def refill(self, state: _State, done: list[int], cached: _CachedForward | None, max_new: int, block: int,
+    def refill(self, state: _State, done: list[int], cached: _CachedForward | None, cfg: SamplingConfig, block: int,
                mask_id: int) -> bool:
         """Collect the responses of rows that are done, and give each the next waiting prompt (prefilled into its
         cache row). Whether any row took a new prompt."""
@@ -514,9 +534,10 @@ class _Rows:
             if not is_done or not self.waiting:
                 continue
             self._done(self.holds[row], _response(state.seq[row].tolist(), state.unmask_step[row].tolist(),
-                                                  len(self.prompts[self.holds[row]]), self.stop_set, max_new, block))
+                                                  len(self.prompts[self.holds[row]]), self.stop_set, cfg.max_new_tokens,
+                                                  block))
             self.holds[row], self.next_prompt, refilled = self.next_prompt, self.next_prompt + 1, True
-            length = _refill_row(state, row, self.prompts[self.holds[row]], block, mask_id)
+            length = _refill_row(state, row, self.prompts[self.holds[row]], block, cfg.steps, mask_id)
             if cached is not None:
                 cached.prefill_row(state, row, length)
         return refilled
