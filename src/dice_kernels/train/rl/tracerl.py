@@ -84,7 +84,7 @@ def _row(traj: Trajectory, block: int, mask_id: int) -> tuple[list[int], list[in
     return ids, pos, noisy, copy, targets
 
 
-def scored_states(traj: Trajectory, block_size: int) -> dict[int, set[int]]:
+def _scored_states(traj: Trajectory, block_size: int) -> dict[int, set[int]]:
     """The denoising steps that unmasked a generated token, per block. Blocks lie on the sequence's grid, prompt
     included (the first may hold the prompt's remainder), as the sampler decodes them."""
     steps: dict[int, set[int]] = {}
@@ -96,7 +96,7 @@ def scored_states(traj: Trajectory, block_size: int) -> dict[int, set[int]]:
 def denoising_rows(traj: Trajectory, block_size: int) -> int:
     """DICE's rows of a response: one per (block, denoising step) that unmasked a generated token, i.e. the states
     its replay scores (DICE's trainer feeds each as its own row; ours scores them all in one sequence)."""
-    return sum(map(len, scored_states(traj, block_size).values()))
+    return sum(map(len, _scored_states(traj, block_size).values()))
 
 
 def replay_length(traj: Trajectory, block_size: int) -> int:
