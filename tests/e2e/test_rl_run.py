@@ -94,14 +94,14 @@ from model_fixtures import VOCAB, tiny_model
 from dice_kernels.model.tokenizer import load_tokenizer
 from dice_kernels.sampling.decoder import SamplingConfig, decode
 from dice_kernels.train.config import OptimConfig, ParallelConfig
-from dice_kernels.train.distributed import init_distributed, parallelize, shutdown
+from dice_kernels.train.distributed import parallelize
 from dice_kernels.train.optim import build_optimizer
 from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.trainer import RLStep
 from dice_kernels.train.rl.tracerl import Trajectory
+from dice_kernels.train.run_loop import run_on_ranks
 
-def main():
-    dist = init_distributed("cpu")
+def work(cfg, resume, dist, console):
     model = tiny_model(0)
     initial = {{k: v.clone() for k, v in model.state_dict().items()}}
     g = torch.Generator().manual_seed(0)
@@ -120,13 +120,11 @@ def main():
     if dist.is_main:
         moved = max(float((full[k] - initial[k]).abs().max()) for k in full)
         torch.save({{"weights": full, "stats": stats, "moved": moved}}, {out!r})
-    shutdown()
 
 
-# Everything lives in main()'s frame and is freed before the interpreter finalizes, as in `dice train`. With it
-# in module globals a rank aborted once in CI after its work was done ("terminate called without an active
-# exception"): finalization clearing modules that hold gloo and FSDP state, a known torch test flake.
-main()
+# through the process group as `dice train` runs: the work returns, then shutdown() frees what it left in reference
+# cycles and leaves the group (a rank aborted at exit without that, train/distributed.py)
+run_on_ranks(work, None, False, None)
 '''
 
 
