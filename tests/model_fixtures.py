@@ -60,3 +60,19 @@ def save_tiny_checkpoint(directory: Path, seed: int = 0, **changes) -> BlockDiff
     model = tiny_model(seed, mask_token_id=tokenizer.mask_token_id, **changes)
     save_model(model, directory)
     return model
+
+
+def record_committing(monkeypatch) -> list[bool]:
+    """The cached decoder's forwards as they run: True where some row committed a block (a forward of twice the
+    queries for every row)."""
+    from dice_kernels.sampling import decoder
+
+    committing: list[bool] = []
+    call = decoder._CachedForward.__call__
+
+    def counting(self, state, any_commit, kv_len):
+        committing.append(any_commit)
+        return call(self, state, any_commit, kv_len)
+
+    monkeypatch.setattr(decoder._CachedForward, "__call__", counting)
+    return committing

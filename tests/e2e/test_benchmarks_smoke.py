@@ -279,22 +279,15 @@ def test_rl_step_rebuilds_the_batch_forwards_of_a_decode(monkeypatch, threshold,
     """`rl_step.batch_forwards` rebuilds, from the rollouts' trajectories alone, the forwards a one-batch decode ran
     and how many of them committed a block: dynamic remasking at a low threshold, so rows finish their blocks in
     different forwards, prompts whose first block the prompt partly fills, and rows that stop early."""
-    from model_fixtures import VOCAB, tiny_model
+    from model_fixtures import VOCAB, record_committing, tiny_model
 
-    from dice_kernels.sampling import SamplingConfig, decode, decoder
+    from dice_kernels.sampling import SamplingConfig, decode
     from dice_kernels.train.rl.tracerl import Trajectory
 
     sys.path.insert(0, str(BENCH))
     from rl_step import batch_forwards
 
-    committing = []
-    call = decoder._CachedForward.__call__
-
-    def counting(self, state, any_commit, kv_len):
-        committing.append(any_commit)
-        return call(self, state, any_commit, kv_len)
-
-    monkeypatch.setattr(decoder._CachedForward, "__call__", counting)
+    committing = record_committing(monkeypatch)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20, 21, 22]]
     cfg = SamplingConfig(max_new_tokens=24, steps=4, strategy="dynamic", threshold=threshold, temperature=1.0,
                          seed=3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import typer
-from model_fixtures import VOCAB, save_tiny_checkpoint, tiny_model
+from model_fixtures import VOCAB, record_committing, save_tiny_checkpoint, tiny_model
 from typer.testing import CliRunner
 
 from dice_kernels.model import attention
@@ -77,14 +77,7 @@ def test_rows_whose_prompts_end_inside_a_block_commit_in_step_with_the_others(mo
     tokens leave 1, 4, 3 and 2 masks in their first blocks: a row sits out the forwards that make its first block end
     with a whole one's, so under static unmasking blocks are committed in one forward of every `steps` (without the
     wait: in nearly every forward), and each row's output is the one it gets decoded alone."""
-    committing = []
-    call = decoder._CachedForward.__call__
-
-    def counting(self, state, any_commit, kv_len):
-        committing.append(any_commit)
-        return call(self, state, any_commit, kv_len)
-
-    monkeypatch.setattr(decoder._CachedForward, "__call__", counting)
+    committing = record_committing(monkeypatch)
     cfg = SamplingConfig(max_new_tokens=17, steps=steps)
     out = decode(model64, PROMPTS, cfg, NO_STOP)
     assert [i for i, c in enumerate(committing) if c] == list(range(steps, len(committing), steps))
