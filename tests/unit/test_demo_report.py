@@ -10,7 +10,7 @@ from pathlib import Path
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
 from dice_kernels.demo.report import (bench_scores, changed_outputs, outcome_counts, rl_effort, scale_limits,
                                       timing_spread, train_reward_trend, train_rewards)
-from dice_kernels.demo.world import SLIP, FAST, build_world, slips, solutions, WorldSizes
+from dice_kernels.demo.world import FAST, SLIP, WorldSizes, build_world, slips, solutions
 
 
 def _rewards(run: Path, rows: list[tuple[int, int, str, float]]) -> Path:
