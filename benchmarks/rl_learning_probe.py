@@ -214,10 +214,6 @@ def against_control(run: dict, control: dict) -> dict:
     return out
 
 
-def points(iv: dict) -> str:
-    return f"{100 * iv['value']:+.1f} [{100 * iv['lo']:+.1f}, {100 * iv['hi']:+.1f}] points"
-
-
 def smoke_overrides() -> list[str]:
     return ["world.n_train=40", "world.n_heldout=2", "world.n_valid=6", "world.n_rl=8", "model.hidden_size=32",
             "model.intermediate_size=64", "model.num_hidden_layers=1", "model.num_attention_heads=2",
@@ -247,6 +243,7 @@ def main() -> None:
     args = ap.parse_args()
     from dice_kernels.demo.config import load_config
     from dice_kernels.demo.prompt_reading import stage_operator_copy
+    from dice_kernels.demo.report import points
     from dice_kernels.demo.world import FAST, SLIP, SLOW, build_world, slips, solutions
     from dice_kernels.train.distributed import init_distributed, shutdown
     from dice_kernels.train.rl.curriculum import load_task_set
@@ -305,15 +302,15 @@ def main() -> None:
         print(f"| {run['lr']:g} | {run['updates']} | {distinct:.1f} of {cfg.rl.tasks_per_step * cfg.rl.group} | "
               f"{100 * head:.1f} / {100 * tail:.1f} % | "
               f"{100 * va[0]['value']:.1f} -> {100 * va[-1]['value']:.1f} % "
-              f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {100 * d['value']:+.1f} "
-              f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] ({d['gained']} gained, {d['lost']} lost) |")
+              f"[{100 * va[-1]['lo']:.1f}, {100 * va[-1]['hi']:.1f}] | {points(d)} "
+              f"({d['gained']} gained, {d['lost']} lost) |")
     control = min(runs, key=lambda x: x["lr"])
     for run in runs:
         if run is not control:
             run["against_control"] = c = against_control(run, control)
             print(f"\nlr {run['lr']:g} − lr {control['lr']:g}, steps {c['steps'][0]}-{c['steps'][1]} paired by step "
-                  f"(same tasks and seeds): train reward {points(c['mean'])}, rollouts with the layout slip "
-                  f"{points(c['slip_share'])}")
+                  f"(same tasks and seeds): train reward {points(c['mean'])} points, rollouts with the layout slip "
+                  f"{points(c['slip_share'])} points")
     # the rate is chosen on the validation split (the last evaluation; the smaller rate on a tie), and only its
     # held-out figures are the result: the held-out set plays no part in the choice
     chosen = max(sorted(runs, key=lambda x: x["lr"]), key=lambda x: x["validation"][-1]["value"])
@@ -321,12 +318,11 @@ def main() -> None:
     d = h["last_minus_sft"]
     print(f"\nchosen on validation: rl.lr {chosen['lr']:g}. Held-out ({len(heldout)} tasks): SFT "
           f"{100 * h['sft']['value']:.1f} % -> {100 * h['last']['value']:.1f} % [{100 * h['last']['lo']:.1f}, "
-          f"{100 * h['last']['hi']:.1f}]; paired {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] "
-          f"({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
+          f"{100 * h['last']['hi']:.1f}]; paired {points(d)} ({d['gained']} gained, {d['lost']} lost): {d['verdict']}")
     if cfg.world.slip_fraction:
         slip = h["slip"]
         print(f"held-out programs with the layout slip: SFT {100 * slip['sft']['value']:.1f} % -> "
-              f"{100 * slip['last']['value']:.1f} %; paired {points(slip['last_minus_sft'])}")
+              f"{100 * slip['last']['value']:.1f} %; paired {points(slip['last_minus_sft'])} points")
     (cfg.out / "probe.json").write_text(json.dumps({**record, "complete": True, "chosen_lr": chosen["lr"],
                                                     "runs": runs}, indent=1))
 
