@@ -142,10 +142,12 @@ def _decode_rates(rollouts: list, seconds: float, rollout, name: str) -> dict:
 def batch_forwards(trajectories: list, block: int, steps: int) -> tuple[int, int, int]:
     """(forwards, committing forwards, row-forwards) of one `decode` batch that held every trajectory's row from its
     first forward (no refill), rebuilt from the trajectories: a row first sits out the forwards that keep its blocks
-    in step with the batch's (the decoder's `_first_block_wait`: its prompt partly fills its first block), then
+    in step with the batch's (the decoder's `first_block_wait`: its prompt partly fills its first block), then
     spends on each block of its grid as many forwards as the block's last unmasking step + 1, and the first forward
     of each later block commits the finished one (writes its K/V: twice the queries, for every row of the batch,
     when any row commits). The batch runs until its longest row ends; a row that has ended idles in it."""
+    from dice_kernels.sampling.decoder import first_block_wait
+
     commits: set[int] = set()
     forwards = busy = 0
     for t in trajectories:
@@ -153,8 +155,7 @@ def batch_forwards(trajectories: list, block: int, steps: int) -> tuple[int, int
         for j, step in enumerate(t.steps + t.tail_steps):
             b = (len(t.prompt) + j) // block
             last_step[b] = max(last_step.get(b, 0), step)
-        masks = block - len(t.prompt) % block
-        at = min(block, steps) - min(masks, steps)
+        at = first_block_wait(block - len(t.prompt) % block, block, steps)  # the first block's masks
         for k, b in enumerate(sorted(last_step)):
             if k:
                 commits.add(at)

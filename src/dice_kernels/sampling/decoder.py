@@ -91,7 +91,7 @@ class _State:
     step: Tensor  # [B] denoising step within that block
     masked_at_start: Tensor  # [B] masks the block had when it began
     commit: Tensor  # [B] bool: the previous block is final but its K/V are not in the cache yet
-    # [B] forwards the row sits out before its first block (`_first_block_wait`), so that its blocks end, and commit,
+    # [B] forwards the row sits out before its first block (`first_block_wait`), so that its blocks end, and commit,
     # in the same forwards as a row whose prompt ends on a block boundary
     wait: Tensor
     done: Tensor  # [B] bool
@@ -113,7 +113,7 @@ def _initial_state(prompts: list[list[int]], block: int, steps: int, max_new: in
     start, masked = _first_block(lengths, block)
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
-                  masked_at_start=masked, commit=zeros.bool(), wait=_first_block_wait(masked, block, steps),
+                  masked_at_start=masked, commit=zeros.bool(), wait=first_block_wait(masked, block, steps),
                   done=zeros.bool(), nonfinite=zeros.bool())
 
 
@@ -124,7 +124,7 @@ def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | 
     return start, start + block - length
 
 
-def _first_block_wait(masks: int | Tensor, block: int, steps: int) -> int | Tensor:
+def first_block_wait(masks: int | Tensor, block: int, steps: int) -> int | Tensor:
     """Forwards a row whose first decode block has `masks` masks sits out before it: a block takes one forward per
     step that has a token to unmask (at one token a step, fewer for a block the prompt partly fills), and a
     forward in which any row commits a block runs twice the queries for every row. Rows that end their blocks in
@@ -145,7 +145,7 @@ def _refill_row(state: _State, row: int, prompt: list[int], block: int, steps: i
     state.unmask_step[row].fill_(-1)
     for field_, value in ((state.prompt_len, len(prompt)), (state.start, start), (state.step, 0),
                           (state.masked_at_start, masked), (state.commit, False),
-                          (state.wait, _first_block_wait(masked, block, steps)), (state.done, False)):
+                          (state.wait, first_block_wait(masked, block, steps)), (state.done, False)):
         field_[row] = value
     return start
 
