@@ -42,7 +42,7 @@ def test_the_train_reward_trend_pairs_the_last_third_of_the_steps_with_the_first
     # rising on every task: the last two steps beat the first two
     rising = train_reward_trend(_fixed_tasks(tmp_path / "up", lambda step, t: float(step >= 3 or t < 2)), group=4)
     assert (rising.a, rising.b, rising.n) == ("steps 4-5", "steps 0-1", 8)
-    assert rising.diff.value == 0.75 and rising.diff.lo > 0 and "beats" in rising.verdict
+    assert rising.diff.value == 0.75 and rising.diff.lo > 0 and "higher than" in rising.verdict
     # falling (a trainer that pushes the wrong way) and flat
     falling = train_reward_trend(_fixed_tasks(tmp_path / "down", lambda step, t: float(step < 3)), group=4)
     assert falling.diff.value == -1.0 and falling.diff.hi < 0

@@ -44,8 +44,8 @@ def test_paired_difference_sees_a_consistent_gain_that_unpaired_rates_would_blur
     a = {f"t{i}": [1.0 if i < 52 else 0.0] for i in range(100)}
     cmp = paired_difference(a, b, ("A", "B"), seed=0)
     assert cmp.n == 100 and cmp.diff.value == pytest.approx(0.12)
-    assert cmp.diff.lo > 0 and cmp.verdict == "A beats B"
-    assert paired_difference(b, a, ("B", "A")).verdict == "A beats B"
+    assert cmp.diff.lo > 0 and cmp.verdict == "A higher than B"
+    assert paired_difference(b, a, ("B", "A")).verdict == "B lower than A"
     # unpaired, the two Wilson intervals overlap: only pairing shows the gain
     assert wilson(52, 100).lo < wilson(40, 100).hi
 
@@ -85,7 +85,7 @@ def test_runs_difference_of_runs_that_agree_excludes_zero_and_weighs_runs_alike(
     runs = [_run(10, set(range(4)), set()), _run(30, set(range(6)), set())]  # +0.4 and +0.2
     cmp = runs_difference(runs, ("rl", "sft"))
     assert cmp.diff.value == pytest.approx(0.3)  # the runs' mean, not the tasks' (10/40 = 0.25)
-    assert cmp.diff.excludes_zero() and cmp.verdict == "rl beats sft"
+    assert cmp.diff.excludes_zero() and cmp.verdict == "rl higher than sft"
     assert runs_difference(runs, seed=3) == runs_difference(runs, seed=3)
 
 

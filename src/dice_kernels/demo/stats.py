@@ -39,10 +39,12 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
+        """Which way the difference goes, not which arm is better: a higher share of deceptive or slipped programs is
+        worse, a higher Exec better."""
         if self.diff.lo > 0:
-            return f"{self.a} beats {self.b}"
+            return f"{self.a} higher than {self.b}"
         if self.diff.hi < 0:
-            return f"{self.b} beats {self.a}"
+            return f"{self.a} lower than {self.b}"
         return "no difference shown (the interval contains 0)"
 
 
