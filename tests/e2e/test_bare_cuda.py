@@ -1,16 +1,24 @@
 """compiling/bare_cuda.py: torch/types.h's surroundings under nvcc, measured for real, and the second bare CUDA attempt
-whose failure is final (nvcc compiles here; nothing runs the result)."""
+whose failure is final (nvcc compiles here; nothing runs the result); and the bare module (compiling/bare_cpp.py with
+CUDA sources): which demo-world programs take it, its units compiled and linked here, the attempts it leads, and on a
+GPU its build through the harness."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sysconfig
+from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from dice_kernels.demo.world import FAST, SHORTCUT, SLIP, SLOW, WorldSizes, WorldTask, build_world
 from dice_kernels.harness.compiling import bare_cuda
+from dice_kernels.harness.compiling.bare_cpp import bare_load_arguments, build_bare_cpp, scalar_functions
 from dice_kernels.harness.compiling.light_headers import bare_cuda_arguments
 from dice_kernels.harness.process.protocol import BuildJob
 
@@ -102,3 +110,190 @@ def test_the_stored_surroundings_read_back_as_measured(surroundings, tmp_path):
     path = bare_cuda.surroundings_file(tmp_path, "nvcc")
     bare_cuda.store(path, "nvcc")
     assert bare_cuda.load(str(path)) == surroundings
+
+
+@cache
+def _world() -> tuple[WorldTask, ...]:
+    """A demo world whose train tasks carry every solution variant."""
+    return tuple(build_world(1, WorldSizes(n_train=40, n_heldout=8, shortcut_fraction=0.2, slow_fraction=0.3,
+                                           slip_fraction=0.3)))
+
+
+def _load_inline_arguments(program: str) -> dict:
+    """What a program passes to `load_inline`, read by running it with torch's function replaced by a recorder."""
+    import torch.utils.cpp_extension as cpp
+
+    calls = []
+    with mock.patch.object(cpp, "load_inline", lambda **kwargs: calls.append(kwargs)):
+        exec(compile(program, "<demo program>", "exec"), {"__name__": "demo_program"})
+    (arguments,) = calls
+    return arguments
+
+
+def _world_arguments(variant: str) -> list[dict]:
+    return [_load_inline_arguments(t.cuda) for t in _world() if t.variant == variant]
+
+
+def test_the_demo_worlds_cuda_programs_take_the_bare_module():
+    for variant in (FAST, SLOW, SLIP):
+        programs = _world_arguments(variant)
+        assert programs, variant
+        for arguments in programs:
+            assert arguments["cuda_sources"] and arguments["functions"] == ["fused"]
+            (fused,) = scalar_functions(arguments, cuda=True)
+            assert fused.name == "fused" and set(fused.params) == {"int64_t"} and fused.returns == "void"
+            assert scalar_functions(arguments) is None  # the C++-only build takes no CUDA sources
+    # the libtorch shortcut: C++ on tensors, no CUDA unit
+    shortcuts = _world_arguments(SHORTCUT)
+    assert shortcuts and all(scalar_functions(a, cuda=True) is None for a in shortcuts)
+
+
+def _changed(key: str, old: str, new: str):
+    def change(arguments: dict) -> dict:
+        assert old in arguments[key]
+        return {**arguments, key: arguments[key].replace(old, new)}
+    return change
+
+
+@pytest.mark.parametrize("change", [
+    _changed("cuda_sources", "void fused(int64_t x,", "void fused(torch::Tensor x,"),  # a tensor parameter
+    _changed("cuda_sources", "int64_t n = ", "at::cuda::getCurrentCUDAStream(); int64_t n = "),  # at:: in a body
+    _changed("cuda_sources", "#include <cstdint>", "#include <cstdint>\nvoid g(const Tensor& t);"),  # a Tensor
+    _changed("cuda_sources", "#include <cstdint>", "#include <torch/extension.h>"),  # torch's header
+    _changed("cpp_sources", "void fused(int64_t x,", "torch::Tensor fused(torch::Tensor x,"),  # a tensor launcher
+    _changed("cpp_sources", "void fused(int64_t x,", "void fused(float* x,"),  # a pointer
+    lambda a: {**a, "cuda_sources": []},
+    lambda a: {k: v for k, v in a.items() if k != "cuda_sources"},
+    lambda a: {**a, "sycl_sources": "void k() {}"},
+    lambda a: {**a, "with_cuda": False},
+    lambda a: {**a, "is_python_module": False},
+    lambda a: {**a, "use_pch": True},
+    lambda a: {**a, "functions": None},
+], ids=["tensor-parameter", "at-in-body", "Tensor", "torch-header", "tensor-launcher", "pointer", "no-cuda-sources",
+        "cpp-only", "sycl", "without-cuda", "not-a-python-module", "use-pch", "binds-itself"])
+def test_cuda_modules_that_name_torch_or_take_more_than_scalars_are_not_bare_modules(change):
+    arguments = _world_arguments(FAST)[0]
+    assert scalar_functions(arguments, cuda=True) is not None
+    assert scalar_functions(change(arguments), cuda=True) is None
+    # and a C++-only module that asks for CUDA without sources is not a bare C++ build either
+    assert scalar_functions({**arguments, "cuda_sources": None, "cpp_sources": "void fused(int64_t x) {}",
+                             "with_cuda": True}) is None
+
+
+@needs_nvcc
+@pytest.mark.parametrize("variant", [FAST, SLOW])
+def test_a_bare_modules_units_compile_and_link_into_a_module_here(variant, tmp_path):
+    """main.cpp and cuda.cu as the bare module's builder writes them, compiled (g++ with Python's headers and the
+    stub; nvcc with torch's CUDA flags and the empty torch/types.h) and linked by nvcc: the module imports
+    (its `fused` defined in the CUDA unit, found from the C API bindings) and parses its arguments; nothing launches
+    (no GPU here)."""
+    arguments = _world_arguments(variant)[0]
+    built = bare_load_arguments(**{**arguments, "extra_cuda_cflags": ["-O3"]}, build_directory=tmp_path)
+    main, unit = map(Path, built["sources"])
+    assert (main.name, unit.name, built["with_cuda"]) == ("main.cpp", "cuda.cu", True)
+    assert "PyInit_fused" in main.read_text() and "PYBIND11" not in main.read_text()
+    assert unit.read_text() == ("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+                                + arguments["cuda_sources"])
+    include = tmp_path / "bare_include"
+    assert built["extra_cuda_cflags"] == ["-O3", f"-I{include}"] and built["extra_include_paths"] == [str(include)]
+    assert (include / "torch" / "types.h").read_text().startswith("// dice-kernels")  # empty: comments only
+    python = sysconfig.get_path("include")
+    steps = [
+        ["c++", "-std=c++17", "-fPIC", "-c", str(main), *(f"-I{d}" for d in built["extra_include_paths"]),
+         f"-I{python}", "-o", str(tmp_path / "main.o")],
+        ["nvcc", *bare_cuda.nvcc_flags(), *built["extra_cuda_cflags"], "-Xcompiler", "-fPIC", "-c", str(unit),
+         "-o", str(tmp_path / "cuda.o")]]
+    # nvcc links them with its own cudart
+    steps.append(["nvcc", "-shared", str(tmp_path / "main.o"), str(tmp_path / "cuda.o"), "-o", str(tmp_path / "fused.so")])
+    for command in steps:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (command[0], done.stderr[-2000:])
+    spec = importlib.util.spec_from_file_location("fused", tmp_path / "fused.so")
+    module = importlib.util.module_from_spec(spec)  # Python loads it with RTLD_NOW: every symbol resolved
+    assert module.fused.__doc__ == "fused"
+    with pytest.raises(TypeError):  # no float for an address, as pybind11
+        module.fused(*[1.5] * len(scalar_functions(arguments, cuda=True)[0].params))
+
+
+def test_a_cuda_module_that_takes_scalars_is_first_built_bare_in_both_units(tmp_path):
+    from dice_kernels.harness.compiling.in_sandbox import BuildLog, _build_attempts
+
+    stored = tmp_path / "surroundings.json"
+    stored.write_text(json.dumps({"headers": ["vector"], "macros": ["TORCH_CHECK"]}))
+    stub = tmp_path / "stub"
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "extension.h").write_text("// the published stub\n")
+    (stub / "torch" / "extension.h.gch").write_bytes(b"")
+    job = BuildJob(workdir="", device="cuda", limits={}, candidate_path="", build_dir="", light_headers=True,
+                   cuda_surroundings=str(stored), pch_bare={"[]": str(stub)})
+    calls = []
+    arguments = {**_world_arguments(FAST)[0], "extra_cflags": [], "extra_cuda_cflags": ["-O3"],
+                 "extra_ldflags": ["-lm"], "extra_include_paths": ["/extra"]}
+    log = BuildLog()
+    attempts = _build_attempts(job, arguments, tmp_path / "fused_1", log, "fused#1", lambda **kw: calls.append(kw))
+    assert [(a.headers, a.directory.name) for a in attempts] == [
+        ("bare-module", "fused_1"), ("bare-wide", "fused_1_wide"), ("own", "fused_1_own")]
+    first = attempts[0]
+    assert first.builder is build_bare_cpp and first.conclusive is None and first.env is None  # never final
+    assert log.shortcuts[-1]["pch"] is True  # the stub's precompiled form is there
+    # what the builder gives torch's `load`: both units, torch's CUDA build, the candidate's flags
+    directory = first.directory
+    directory.mkdir(parents=True)
+    first.builder(**{**first.arguments, "build_directory": str(directory)})
+    (given,) = calls
+    assert given["sources"] == [str(directory / "main.cpp"), str(directory / "cuda.cu")] and given["with_cuda"]
+    assert given["extra_cuda_cflags"] == ["-O3", f"-I{directory / 'bare_include'}"]
+    assert (given["extra_cflags"], given["extra_ldflags"]) == ([], ["-lm"])
+    assert given["extra_include_paths"] == [str(stub), "/extra"]  # the published stub first
+    # before the parent has measured the surroundings: the bare module, then torch's header
+    unmeasured = BuildJob(workdir="", device="cuda", limits={}, candidate_path="", build_dir="", light_headers=True)
+    assert [a.headers for a in _build_attempts(unmeasured, arguments, tmp_path / "u", BuildLog(), "u#1")] == [
+        "bare-module", "own"]
+    # a launcher that takes a pointer: the bare CUDA unit, main.cpp with torch's header and pybind11
+    pointer = {**arguments, "cpp_sources": arguments["cpp_sources"].replace("int64_t x,", "float* x,")}
+    assert [a.headers for a in _build_attempts(job, pointer, tmp_path / "p", BuildLog(), "p#1")] == [
+        "bare", "bare-wide", "own"]
+
+
+@pytest.mark.gpu
+def test_a_demo_worlds_cuda_program_builds_as_a_bare_module_and_computes_the_reference(build_cache, tmp_path):
+    """On a GPU: built directly and through the harness, the bare module imports, `fused` computes the reference's
+    values on CUDA tensors, and the build record says the bare module decided (a second batch finds the stub's
+    precompiled form the first published)."""
+    import torch
+
+    from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
+    from dice_kernels.tasks import task_from_code
+
+    tasks = [t for t in _world() if t.variant in (FAST, SLOW)][:4]
+    assert {t.variant for t in tasks} == {FAST, SLOW}
+    for n, task in enumerate(tasks):
+        module = build_bare_cpp(**_load_inline_arguments(task.cuda), build_directory=_mkdir(tmp_path / f"b{n}"))
+        assert module.__name__ == "fused"
+        reference, candidate = {"__name__": "reference"}, {"__name__": "candidate"}
+        exec(compile(task.reference, "<reference>", "exec"), reference)
+        import torch.utils.cpp_extension as cpp
+
+        with mock.patch.object(cpp, "load_inline", lambda **kwargs: module):
+            exec(compile(task.cuda, "<candidate>", "exec"), candidate)
+        torch.manual_seed(n)
+        inputs = [x.cuda() for x in reference["get_inputs"]()]
+        expected = reference["Model"](*reference["get_init_inputs"]()).cuda()(*inputs)
+        got = candidate["ModelNew"]()(*inputs)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    config = EvalConfig(backend="cuda", trials=2, cache_dir=build_cache, timing=TimingConfig(enabled=False))
+    pairs = [(task_from_code(t.reference, id=t.id), candidate_from_text(t.cuda, id=t.id)) for t in tasks]
+    results = evaluate(pairs, config, progress=False)
+    assert [r.outcome for r in results] == [Outcome.CORRECT] * len(pairs), [r.error[:300] for r in results]
+    assert [r.build.shortcuts[0]["headers"] for r in results] == [["bare-module"]] * len(pairs), [
+        r.build.shortcuts for r in results]
+    again = candidate_from_text(tasks[0].cuda + "\n# another program\n", id="again")
+    (result,) = evaluate([(pairs[0][0], again)], config, progress=False)
+    assert result.outcome is Outcome.CORRECT and result.build.shortcuts[0]["headers"] == ["bare-module"]
+    assert result.build.shortcuts[0]["pch"] is True, result.build.shortcuts
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path

@@ -186,9 +186,9 @@ def test_template_solutions_pass_the_harness_and_a_broken_one_does_not(build_cac
 
 @pytest.mark.gpu
 def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_headers(build_cache):
-    """The CUDA world on the GPU: fused and op-by-op kernels are correct and their CUDA units take the bare attempt
-    (no torch header); a statement left out and the layout slip are value mismatches; the libtorch shortcut is
-    deceptive."""
+    """The CUDA world on the GPU: fused and op-by-op kernels are correct and take the bare module (no torch header
+    in either unit: compiling/bare_cpp.py); a statement left out and the layout slip are value mismatches; the
+    libtorch shortcut is deceptive."""
     from dice_kernels.harness import EvalConfig, Outcome, TimingConfig, candidate_from_text, evaluate
     from dice_kernels.harness.compiling import bare_cuda
     from dice_kernels.tasks import task_from_code
@@ -211,14 +211,14 @@ def test_cuda_template_solutions_pass_the_harness_and_build_without_torch_header
     kernels = [c.id for _, c in pairs[:-5]]
     assert {k: results[k].outcome for k in kernels} == dict.fromkeys(kernels, Outcome.CORRECT), {
         k: r.error[:300] for k, r in results.items()}
-    assert all(results[k].build.shortcuts[0]["headers"] == ["bare"] for k in kernels), [
+    assert all(results[k].build.shortcuts[0]["headers"] == ["bare-module"] for k in kernels), [
         results[k].build.shortcuts for k in kernels]
     assert results["broken"].outcome is Outcome.VALUE_MISMATCH
     assert results["shortcut"].outcome is Outcome.DECEPTIVE and results["shortcut"].robust.passed_comparison
     # a name nothing declares: decided by the second bare attempt (compiling/bare_cuda.py), torch's header not tried
     undeclared = results["undeclared"]
     assert undeclared.outcome is Outcome.COMPILE_ERROR and "pz" in undeclared.error
-    assert undeclared.build.shortcuts[0]["headers"] == ["bare", "bare-wide"], undeclared.build.shortcuts
+    assert undeclared.build.shortcuts[0]["headers"] == ["bare-module", "bare-wide"], undeclared.build.shortcuts
     # the layout slip (a reduction; per-row and per-column operands): every element written, wrong values
     assert [results[f"slip{i}"].outcome for i in range(2)] == [Outcome.VALUE_MISMATCH] * 2
 

@@ -1,7 +1,8 @@
 """The bare C++ build: a C++-only `load_inline` whose sources name nothing of torch and whose bound functions take and
 return scalars (a kernel launcher's addresses and sizes) compiled as a plain CPython extension, the C API's argument
 parsing in place of pybind11's and no torch header (~1.6 s of a core against ~13.5 s), and when its compile error is
-final (torch's header could not have mended it)."""
+final (torch's header could not have mended it). A CUDA module whose CUDA sources name nothing of torch either is
+built the same way, its CUDA unit with the bare CUDA attempt's empty `torch/types.h` (light_headers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, needs_full_header, source_texts,
+from dice_kernels.harness.compiling.light_headers import (TORCH_NAMES, bare_cuda_arguments, bare_cuda_sources,
+                                                          cuda_unit_text, needs_full_header, source_texts,
                                                           strip_comments, uses_torch_outside_namespaces)
 
 # what a scalar C++ type is received as from Python: (PyArg_ParseTuple format, the C variable it fills, how a
@@ -95,11 +97,18 @@ def _signatures(code: str, name: str) -> set[tuple[str, tuple[str, ...]]]:
     return found
 
 
-def scalar_functions(arguments: dict) -> list[ScalarFunction] | None:
+def scalar_functions(arguments: dict, cuda: bool = False) -> list[ScalarFunction] | None:
     """The functions a bare C++ build binds for these `load_inline` arguments, or None when it does not apply: CUDA
-    or SYCL sources, no `functions` (the sources bind themselves), a name that is not an identifier, a source that
-    names torch or needs pybind11, or a function not declared with one signature of scalar types only."""
-    if arguments.get("cuda_sources") or arguments.get("sycl_sources") or arguments.get("with_cuda"):
+    sources (with `cuda`: none, or one that names torch, `light_headers.bare_cuda_sources`; or `with_cuda=False`),
+    SYCL sources, no `functions` (the sources bind themselves), a name that is not an identifier, a cpp source that
+    names torch or needs pybind11, or a function not declared in the cpp sources with one signature of scalar types
+    only."""
+    if cuda:
+        if not bare_cuda_sources(arguments.get("cuda_sources")) or arguments.get("with_cuda") is False:
+            return None
+    elif arguments.get("cuda_sources") or arguments.get("with_cuda"):
+        return None
+    if arguments.get("sycl_sources") or arguments.get("with_sycl"):
         return None
     if not arguments.get("is_python_module", True) or arguments.get("use_pch"):
         return None
@@ -180,19 +189,19 @@ def write_stub(include_dir: Path) -> Path:
     return include_dir
 
 
-def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
-                   extra_include_paths=None, build_directory=None, no_implicit_headers=False, load=None,
-                   stub_dir: str | None = None, **arguments):
-    """`load_inline` for what `scalar_functions` accepts: main.cpp is the text torch would write (its header line,
-    the sources) with the C API bindings in place of pybind11's, and torch's `load` (`load`: torch's own where the
-    harness has patched the module's) builds and imports it (its compiler, flags and link), the stub header found
-    first: at `stub_dir` where the harness has published it there with its precompiled form (compiling/speed.py;
-    the same text), else written into the build directory. Raises what torch raises when it does not build (the
-    build then falls back to torch's own)."""
-    if load is None:
-        from torch.utils.cpp_extension import load
-
-    bound = scalar_functions({"name": name, "cpp_sources": cpp_sources, "functions": functions, **arguments})
+def bare_load_arguments(name: str, cpp_sources, functions=None, extra_cflags=None, extra_ldflags=None,
+                        extra_include_paths=None, build_directory=None, no_implicit_headers=False,
+                        stub_dir: str | None = None, cuda_sources=None, extra_cuda_cflags=None, **arguments) -> dict:
+    """torch's `load` arguments for a bare build of these `load_inline` arguments (what `scalar_functions` accepts,
+    with `cuda` where there are CUDA sources), its sources written into the build directory as torch would write
+    them: main.cpp (its header line, the sources) with the C API bindings in place of pybind11's, and cuda.cu
+    (`light_headers.cuda_unit_text`) whose `#include <torch/types.h>` finds the bare CUDA attempt's empty header.
+    main.cpp finds the stub header first: at `stub_dir` where the harness has published it there with its
+    precompiled form (compiling/speed.py; the same text), else written into the build directory. Raises ValueError
+    where the bare build does not apply."""
+    cuda = bool(cuda_sources)
+    bound = scalar_functions({"name": name, "cpp_sources": cpp_sources, "functions": functions,
+                              "cuda_sources": cuda_sources, **arguments}, cuda=cuda)
     if bound is None:
         raise ValueError(f"extension {name!r} is not a bare C++ build (harness/compiling/bare_cpp.py)")
     directory = Path(build_directory)
@@ -201,9 +210,28 @@ def build_bare_cpp(name: str, cpp_sources, functions=None, extra_cflags=None, ex
     texts = ([] if no_implicit_headers else ["#include <torch/extension.h>"]) + source_texts(cpp_sources)
     main = directory / "main.cpp"
     main.write_text("\n".join([*texts, bindings(name, bound)]) + "\n")
-    return load(name, [str(main)], extra_cflags=extra_cflags, extra_ldflags=extra_ldflags,
-                extra_include_paths=[str(include), *(extra_include_paths or [])], build_directory=str(directory),
-                verbose=False, with_cuda=False)
+    sources = [str(main)]
+    if cuda:
+        unit = directory / "cuda.cu"
+        unit.write_text(cuda_unit_text(cuda_sources, no_implicit_headers))
+        sources.append(str(unit))
+        bare = bare_cuda_arguments({"cuda_sources": cuda_sources, "extra_cuda_cflags": extra_cuda_cflags},
+                                   directory / "bare_include")
+        extra_cuda_cflags = bare["extra_cuda_cflags"]
+    return {"name": name, "sources": sources, "extra_cflags": extra_cflags, "extra_cuda_cflags": extra_cuda_cflags,
+            "extra_ldflags": extra_ldflags, "extra_include_paths": [str(include), *(extra_include_paths or [])],
+            "build_directory": str(directory), "verbose": False, "with_cuda": cuda}
+
+
+def build_bare_cpp(name: str, cpp_sources, functions=None, *, load=None, **arguments):
+    """`load_inline` for what `scalar_functions` accepts (with CUDA sources: with `cuda`): torch's `load` (`load`:
+    torch's own where the harness has patched the module's) builds and imports what `bare_load_arguments` writes,
+    with torch's compiler, flags, CUDA arch list and link. Raises what torch raises when it does not build (the
+    build then falls back to torch's own)."""
+    if load is None:
+        from torch.utils.cpp_extension import load
+
+    return load(**bare_load_arguments(name, cpp_sources, functions, **arguments))
 
 
 def _macro_names(header_text: str, include_dirs: list[str]) -> set[str] | None:

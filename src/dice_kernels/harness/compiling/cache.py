@@ -72,7 +72,7 @@ class BuildAcceleration:
         self.enabled, self.cache_dir, self.cuda = config.build.fast, config.cache_dir, platform.backend == "cuda"
         self.pch: dict[str, str] = {}  # build_speed.planned_pch: headers build workers may use
         self.pch_light: dict[str, str] = {}  # the same for the light header
-        self.pch_bare: dict[str, str] = {}  # and for the bare C++ build's stub
+        self.pch_bare: dict[str, str] = {}  # and for the bare build's stub (C++-only modules, a CUDA module's main.cpp)
         self.torch_macros: str | None = None  # build_speed.torch_macros_file, where bare builds may run
         self.cuda_surroundings: str | None = None  # bare_cuda.surroundings_file, where bare CUDA builds may run
         self.pch_compiler: str | None = None  # build_speed.announce_pch: while some of them are being built
@@ -86,9 +86,10 @@ class BuildAcceleration:
                     and (self.cuda or not cuda_marker(code))]  # CUDA code on the CPU backend is never built
         if not self.enabled or not uncached:
             return
-        # the light header serves the lighter CUDA attempts only, so CUDA builds only; the bare stub serves C++-only
-        # modules, which are what the CPU backend builds (on a GPU they are rare: a header nobody uses costs a core)
-        bare = not self.cuda and any(may_build_bare(code) for code in uncached)
+        # the light header serves the lighter CUDA attempts only, so CUDA builds only; the bare stub serves modules
+        # whose sources name nothing of torch: C++-only ones (what the CPU backend builds) and, on a GPU, CUDA ones
+        # whose launchers take addresses (the demo world's), whose main.cpp is then built on it
+        bare = any(may_build_bare(code) for code in uncached)
         plans = plan_pch(self.cache_dir, with_cuda=self.cuda, variants=pch_variants(uncached), light=self.cuda,
                          bare=bare)
         self.pch, self.pch_light, self.pch_bare = (planned_pch(plans, kind) for kind in ("own", "light", "bare"))

@@ -152,13 +152,16 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
                     torch_load: Callable | None = None) -> list[_Attempt]:
     """The attempts in order, the last the candidate's own sources. `headers` names the torch headers of the CUDA unit
     or of a C++-only module (compiling/speed.py): "bare" (none: sources that name nothing of torch; a C++-only module
-    is then built on Python's C API, compiling/bare_cpp.py), "lean" (light sources, ATen's umbrellas
-    cut to the operators they name), "light" (without <torch/extension.h>; only where the lean umbrellas cannot be
-    written) or "own". A lighter attempt's main.cpp takes the light torch/extension.h where the cpp_sources only
-    declare functions. One lighter attempt, not two: a candidate with a real compile error pays for every attempt,
-    and on the H200 the lean headers compiled all 16 DICE kernels measured (`8c4f433`). The exception is "bare-wide"
-    after "bare" (compiling/bare_cuda.py), once the parent has measured torch's surroundings: its failure is final
-    for sources that use none of torch's macros, so a compile error costs ~2.4 s of nvcc instead of ~9.4."""
+    is then built on Python's C API, compiling/bare_cpp.py), "bare-module" (none in either unit of a CUDA module:
+    the bare CUDA unit, and main.cpp on Python's C API with the stub header as a bare C++-only module's, where the
+    bound functions take scalars; it takes the place of "bare", and its failure decides nothing: "bare-wide", then
+    the candidate's own sources follow), "lean" (light sources, ATen's umbrellas cut to the operators they name),
+    "light" (without <torch/extension.h>; only where the lean umbrellas cannot be written) or "own". A lighter
+    attempt's main.cpp takes the light torch/extension.h where the cpp_sources only declare functions. One lighter
+    attempt, not two: a candidate with a real compile error pays for every attempt, and on the H200 the lean headers
+    compiled all 16 DICE kernels measured (`8c4f433`). The exception is "bare-wide" after "bare" or "bare-module"
+    (compiling/bare_cuda.py), once the parent has measured torch's surroundings: its failure is final for sources
+    that use none of torch's macros, so a compile error costs ~2.4 s of nvcc instead of ~9.4."""
     log.shortcuts.append({"key": key, "pch": False, "headers": []})
     if not isinstance(job, BuildJob) or "cpp_sources" not in arguments:  # only load_inline builds take the shortcuts
         return [_Attempt("own", arguments, out)]
@@ -182,13 +185,18 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
         args = {**args, "extra_cflags": [*(args.get("extra_cflags") or []), f"-I{pch_dir}"]}
         return _Attempt(headers, args, directory, pch_wait_environment(pch_dir, job.pch_compiler, nvcc))
 
+    def bare_module(headers: str, conclusive: Callable[[], bool] | None = None) -> _Attempt:
+        """The module built on Python's C API with the stub header (compiling/bare_cpp.py), found where the parent
+        publishes it with its precompiled form."""
+        stub = (job.pch_bare or {}).get(variant)
+        log.shortcuts[-1]["pch"] = bool(stub) and pch_file(Path(stub)).exists()
+        return _Attempt(headers, {**arguments, "load": torch_load, "stub_dir": stub}, out, builder=build_bare_cpp,
+                        conclusive=conclusive)
+
     own = attempt("own", dict(arguments), out, full)
     log.shortcuts[-1]["pch"] = bool(full) and pch_file(Path(full)).exists()
     if job.light_headers and scalar_functions(arguments):
-        stub = (job.pch_bare or {}).get(variant)
-        log.shortcuts[-1]["pch"] = bool(stub) and pch_file(Path(stub)).exists()
-        return [_Attempt("bare", {**arguments, "load": torch_load, "stub_dir": stub}, out, builder=build_bare_cpp,
-                         conclusive=lambda: bare_failure_is_final(arguments["cpp_sources"], job.torch_macros)),
+        return [bare_module("bare", lambda: bare_failure_is_final(arguments["cpp_sources"], job.torch_macros)),
                 replace(own, directory=out.with_name(out.name + "_own"))]
     bare = bare_cuda_arguments(arguments, out.with_name(out.name + "_bare_include")) if job.light_headers else None
     lean = (lean_cuda_arguments(arguments, out.with_name(out.name + "_lean_include"))
@@ -205,7 +213,10 @@ def _build_attempts(job: BuildJob | RunJob, arguments: dict, out: Path, log: Bui
     light_main = (job.pch_light or {}).get(variant) if declarations_only(arguments["cpp_sources"]) else None
     if light_main:
         log.shortcuts[-1].update(light_main=True, pch=pch_file(Path(light_main)).exists())
-    attempts = [attempt(*first, out, light_main or full)]
+    if first[0] == "bare" and scalar_functions(arguments, cuda=True):
+        attempts = [bare_module("bare-module")]
+    else:
+        attempts = [attempt(*first, out, light_main or full)]
     if first[0] == "bare" and (around := bare_cuda.load(job.cuda_surroundings)):
         # the bare attempt's failure, again with the standard and CUDA headers torch's would bring: if that fails
         # too, torch's header could not have mended it

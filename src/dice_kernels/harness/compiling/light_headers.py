@@ -48,6 +48,20 @@ def light_cuda_sources(sources) -> list[str] | None:
             for t in texts]
 
 
+def bare_cuda_sources(sources) -> bool:
+    """Whether there are CUDA sources and none of them names torch (comments aside): what the bare attempts take
+    (`bare_cuda_arguments`; with bindings that take scalars, bare_cpp.py builds main.cpp without torch too)."""
+    return bool(sources) and not any(TORCH_NAMES.search(strip_comments(t)) for t in source_texts(sources))
+
+
+def cuda_unit_text(sources, no_implicit_headers: bool = False) -> str:
+    """The `cuda.cu` torch's `load_inline` writes for `sources`: its three include lines (unless
+    `no_implicit_headers`), then the sources."""
+    implicit = [] if no_implicit_headers else ["#include <torch/types.h>", "#include <cuda.h>",
+                                               "#include <cuda_runtime.h>"]
+    return "\n".join([*implicit, *source_texts(sources)])
+
+
 _EMPTY_TYPES_H = "// dice-kernels: these CUDA sources name nothing of torch (harness/compiling/light_headers.py)\n"
 
 
@@ -58,8 +72,7 @@ def bare_cuda_arguments(arguments: dict, include_dir: Path, header: str = _EMPTY
     without torch's declarations names none of them, so they cannot change what it means; code that uses torch
     anyway fails to compile and the build falls back to the candidate's own sources. `header`: that torch/types.h's
     text (compiling/bare_cuda.py's wider stub for the second bare attempt)."""
-    texts = source_texts(arguments.get("cuda_sources"))
-    if not texts or any(TORCH_NAMES.search(strip_comments(t)) for t in texts):
+    if not bare_cuda_sources(arguments.get("cuda_sources")):
         return None
     stub = include_dir / "torch" / "types.h"
     stub.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
 - a C++-only module whose sources name nothing of torch and whose bound functions take scalars is built without
   torch's header at all (`bare_cpp.build_bare_cpp`: Python's C API bindings, a stub holding the standard headers
   torch's includes, precompiled once per flags like torch's header: the standard headers are most of what is
-  left to parse), ~1 s instead of ~13; any failure falls back to the candidate's own build.
+  left to parse), ~1 s instead of ~13; any failure falls back to the candidate's own build. A CUDA module whose
+  CUDA sources name nothing of torch either gets the same main.cpp and stub beside the bare CUDA unit.
 - the CUDA unit: `load_inline` already puts `#include <torch/types.h>` (tensors, ATen ops, dispatch macros)
   at its top; a kernel's own `#include <torch/extension.h>` adds the C++ frontend and the Python bindings,
   which kernels rarely use and which more than double nvcc's time. `light_headers.light_cuda_sources` drops that include;
@@ -184,8 +185,8 @@ def pch_variants(codes, variants=PCH_VARIANTS) -> tuple[tuple[str, ...], ...]:
 
 
 def may_build_bare(code: str) -> bool:
-    """Whether a program may take the bare C++ build: C++ sources that name none of torch's C++ namespaces. A guess
-    read from the text, as `pch_variants` is."""
+    """Whether a program may take the bare C++ build (a C++-only module, or a CUDA module's main.cpp: its stub is
+    the same): sources that name none of torch's C++ namespaces. A guess read from the text, as `pch_variants` is."""
     return "cpp_sources" in code and not _TORCH_NAMESPACES.search(code)
 
 

@@ -21,7 +21,7 @@ class BuildJob:
     # being built the compiler that builds it, and whether CUDA sources try lighter torch headers first
     pch: dict = field(default_factory=dict)
     pch_light: dict = field(default_factory=dict)
-    pch_bare: dict = field(default_factory=dict)  # the bare C++ build's stub header, published with its PCH
+    pch_bare: dict = field(default_factory=dict)  # the bare build's stub header (bare_cpp.py), published with its PCH
     torch_macros: str | None = None  # speed.torch_macros_file: torch's macro names, once the parent has stored them
     cuda_surroundings: str | None = None  # bare_cuda.surroundings_file, once the parent has stored it
     pch_compiler: str | None = None
