@@ -321,6 +321,10 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     assert timed == {"sft/heldout": "True", "sft/valid": "False", "bicrl_dice/heldout": "True",
                      "bicrl_dice/heldout-step-00000001": "False", "bicrl_dice/valid-lr0.001": "False",
                      "bicrl_dice/valid-lr0.03": "False"}, timed
+    # where the candidates' seconds went: each benchmark, and the RL arm's reward (its 2 steps x 2 rollouts)
+    work = {w["where"]: w for w in report["candidate_seconds"]}
+    assert work["bench sft heldout"]["n"] == 4 and work["RL reward bicrl_dice"]["n"] == 4, work
+    assert "## Where the candidates' seconds went" in (out / "report.md").read_text()
     # a second run resumes: every stage's outputs exist, nothing is trained again
     mtime = (out / "sft" / "final" / "config.json").stat().st_mtime
     assert CliRunner().invoke(app, args).exit_code == 0

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
 from dice_kernels.demo.report import (bench_scores, changed_outputs, outcome_counts, rl_effort, scale_limits,
@@ -197,3 +203,57 @@ def test_a_bench_run_scores_the_programs_that_carry_the_layout_slip(tmp_path):
     moved = tmp_path / "moved"
     run.rename(moved)
     assert bench_scores(moved)["slip"] == {"t": [1.0, 0.0], "u": [0.0]}
+
+
+def test_the_candidate_work_table_puts_phases_in_columns_and_names_the_runs_largest_parts():
+    from dice_kernels.demo.report import _work_table
+
+    rows = [{"where": "bench sft heldout", "n": 128, "built": 100,
+             "phases": {"build": 700.0, "run": 300.0, "run.trials": 150.0, "run.robust": 90.0, "run.load": 40.0,
+                        "run.timing": 20.0, "reference": 12.5}},
+            {"where": "RL reward e2e_robust", "n": 64, "built": 0, "phases": {}}]
+    head, _, full, empty = _work_table(rows)
+    assert head.startswith("| where | candidates | built | build | run | reference |")
+    assert full == "| bench sft heldout | 128 | 100 | 700.0 | 300.0 | 12.5 | trials 150.0, robust 90.0, load 40.0 |"
+    assert empty == "| RL reward e2e_robust | 64 | 0 | 0.0 | 0.0 | 0.0 | – |"
+
+
+def test_a_stopped_stage_keeps_its_seconds_and_adds_them_when_a_resumed_run_finishes_it(tmp_path):
+    from dice_kernels.demo.run import Timings
+
+    def stopped():
+        time.sleep(1.2)
+        raise KeyboardInterrupt("stopped by signal 15")
+
+    timings = Timings.load(tmp_path / "timings.json")
+    with pytest.raises(KeyboardInterrupt):
+        timings.run("bench sft", stopped)
+    assert "bench sft" not in timings.seconds
+    again = Timings.load(tmp_path / "timings.json")  # the next invocation finishes it in well under its first part
+    assert again.stopped["bench sft"] >= 1.2
+    again.run("bench sft", lambda: None)
+    assert again.seconds["bench sft"] >= 1.2 and again.stopped == {}
+    assert Timings.load(tmp_path / "timings.json").stopped == {}
+
+
+def test_sigterm_stops_a_demo_like_ctrl_c_and_the_stage_records_its_seconds(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from pathlib import Path
+        from dice_kernels.demo.run import Timings, stop_on_sigterm
+
+        def stage():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # never reached: the handler raises at the next bytecode
+
+        timings = Timings.load(Path({str(tmp_path / "timings.json")!r}))
+        try:
+            with stop_on_sigterm():
+                timings.run("sft", stage)
+        except KeyboardInterrupt as e:
+            print("interrupted:", e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "interrupted: stopped by signal 15" in done.stdout
+    assert "sft" in json.loads((tmp_path / "timings-stopped.json").read_text())

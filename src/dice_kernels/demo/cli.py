@@ -31,7 +31,7 @@ def demo(
     dice demo --scale gpu --out runs/demo-gpu
     """
     from dice_kernels.demo.config import load_config
-    from dice_kernels.demo.run import run_demo
+    from dice_kernels.demo.run import run_demo, stop_on_sigterm
     from dice_kernels.config_io import ConfigError
 
     try:
@@ -39,4 +39,9 @@ def demo(
     except ConfigError as e:
         console.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2)
-    run_demo(cfg, echo=lambda m: console.print(m, highlight=False))
+    try:
+        with stop_on_sigterm():
+            run_demo(cfg, echo=lambda m: console.print(m, highlight=False))
+    except KeyboardInterrupt as e:
+        console.print(f"[bold yellow]stopped[/] ({e or 'interrupted'}): run the same command again to resume")
+        raise typer.Exit(130)

@@ -139,6 +139,43 @@ def outcome_counts(run: Path) -> dict[str, int]:
     return dict(Counter(json.loads(line)["outcome"] for line in path.read_text().splitlines()).most_common())
 
 
+def candidate_seconds(cfg: DemoConfig) -> list[dict]:
+    """Where the candidates' seconds went in each benchmark (its summary.json) and each RL arm's reward (its harness
+    database): candidates, how many were built, seconds per phase summed over them. The candidates are most of a
+    GPU demo's time, so this is what says which of build, sandbox and runs to make cheaper."""
+    from dice_kernels.harness.store import ResultStore
+    from dice_kernels.report.eval_report import candidate_work
+
+    out = []
+    for summary in sorted((cfg.out / "bench").glob("*/*/summary.json")):
+        s = json.loads(summary.read_text())
+        if "phases" in s:
+            out.append({"where": f"bench {summary.parent.parent.name} {summary.parent.name}", "n": s["n"],
+                        "built": s["built"], "phases": s["phases"]})
+    for arm in cfg.arms:
+        db = cfg.rl_dir(arm) / "harness" / "results.sqlite"
+        if arm != "sft" and db.is_file():
+            store = ResultStore(db)
+            try:
+                out.append({"where": f"RL reward {arm}", **candidate_work(store.all())})
+            finally:
+                store.close()
+    return out
+
+
+def _work_table(rows: list[dict]) -> list[str]:
+    """`candidate_seconds` as markdown: the top-level phases as columns, then a run's three largest parts."""
+    top = list(dict.fromkeys(k for r in rows for k in r["phases"] if "." not in k))
+    lines = ["| where | candidates | built | " + " | ".join(top) + " | largest parts of the run |",
+             "|---|---|---|" + "---|" * len(top) + "---|"]
+    for r in rows:
+        parts = sorted(((k, v) for k, v in r["phases"].items() if "." in k), key=lambda kv: -kv[1])[:3]
+        lines.append(f"| {r['where']} | {r['n']} | {r['built']} | "
+                     + " | ".join(f"{r['phases'].get(k, 0.0):.1f}" for k in top) + " | "
+                     + (", ".join(f"{k.split('.', 1)[1]} {v:.1f}" for k, v in parts) or "–") + " |")
+    return lines
+
+
 def timing_spread(runs: list[Path]) -> dict | None:
     """How far the same kernel's time moved between bench runs: per candidate (by source hash) correct in two or
     more runs, its largest over its smallest measured time; the median of that and the share above 2x (None when
@@ -308,7 +345,7 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows, "tuning": tuned,
               "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
               "timing_spread": spread, "sft_operator_copy": copy, "limits": scale_limits(cfg, rows, spread, copy),
-              "seconds": timings, "gaps": gaps}
+              "seconds": timings, "candidate_seconds": candidate_seconds(cfg), "gaps": gaps}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
@@ -381,7 +418,11 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     lines += ["", "![curves](curves.png)", "", "## What this scale cannot show", "",
               *[f"- {x}" for x in report["limits"]], "", "## Seconds per stage", "", "| stage | seconds |",
               "|---|---|", *[f"| {k} | {v} |" for k, v in timings.items()],
-              "", "(a stage a resumed demo found done keeps the seconds it took when it ran)"]
+              "", "(a stage a resumed demo found done keeps the seconds it took when it ran; one that ran across several "
+              "invocations, all of them)"]
+    if report["candidate_seconds"]:
+        lines += ["", "## Where the candidates' seconds went (summed over candidates: parallel work adds up)", "",
+                  *_work_table(report["candidate_seconds"])]
     if gaps:
         lines += ["", "## Gaps (stages that did not run)", "", *[f"- **{g['stage']}**: {g['reason']}" for g in gaps]]
     (cfg.out / "report.md").write_text("\n".join(lines) + "\n")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -32,27 +35,61 @@ class Gap:
 
 @dataclasses.dataclass
 class Timings:
-    """Seconds per stage, saved after every stage (<out>/timings.json), so a resumed demo still reports them."""
+    """Seconds per stage, saved after every stage (<out>/timings.json), so a resumed demo still reports them. A stage
+    that was stopped (Ctrl-C, or SIGTERM from `timeout` or a scheduler: `stop_on_sigterm`) or failed keeps the seconds
+    it ran (<out>/timings-stopped.json); they are added to its seconds when a later run finishes it, so a stage that
+    ran across several invocations reports all of its time."""
 
     path: Path
     seconds: dict[str, float]
+    stopped: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Timings:
-        return cls(path, json.loads(path.read_text()) if path.is_file() else {})
+        stopped = path.with_name("timings-stopped.json")
+        return cls(path, json.loads(path.read_text()) if path.is_file() else {},
+                   json.loads(stopped.read_text()) if stopped.is_file() else {})
 
     def run(self, name: str, fn: Callable, *args):
         """Run one stage and record its seconds; a stage found done (under a second) keeps the seconds it took
         when it ran."""
         began = time.perf_counter()
-        value = fn(*args)
-        seconds = round(time.perf_counter() - began, 1)
+        try:
+            value = fn(*args)
+        except BaseException:
+            self.stopped[name] = round(self.stopped.get(name, 0.0) + time.perf_counter() - began, 1)
+            self._save()
+            raise
+        seconds = round(time.perf_counter() - began + self.stopped.pop(name, 0.0), 1)
         if seconds >= 1.0 or name not in self.seconds:
             self.seconds.pop("total", None)  # re-added last, so the report's table ends with it
             self.seconds[name] = seconds
             self.seconds["total"] = round(sum(self.seconds.values()), 1)
-            self.path.write_text(json.dumps(self.seconds, indent=1))
+        self._save()
         return value
+
+    def _save(self) -> None:
+        self.path.write_text(json.dumps(self.seconds, indent=1))
+        self.path.with_name("timings-stopped.json").write_text(json.dumps(self.stopped, indent=1))
+
+
+@contextmanager
+def stop_on_sigterm():
+    """SIGTERM (what `timeout` and cluster schedulers send first) raises KeyboardInterrupt in the main thread, as
+    Ctrl-C does, so that a stopped stage records its seconds and the harness's workers are shut down, instead of the
+    process dying where it stands. Outside the main thread (signals cannot be set there) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stage_world(cfg: DemoConfig) -> WorldFiles:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from dice_kernels.harness import EvalResult, Outcome
 from dice_kernels.harness.metrics import by_level, compute
-from dice_kernels.report.eval_report import seconds_by_phase
+from dice_kernels.report.eval_report import candidate_work
 
 PAPER_FAST = ("fast_1", "fast_2")
 FAILURES = tuple(o.value for o in Outcome if not o.passes)
@@ -80,11 +80,9 @@ def summarize(results: list[EvalResult], info: dict, timing: list[dict]) -> dict
     return {"model": info.get("generation", {}), "samples": samples, "tasks": info.get("tasks"),
             "software": info.get("software", {}), "generation_hardware": info.get("generation_hardware"),
             "eval_hardware": hardware, "backend": sorted({r.backend for r in results if r.backend}),
-            "command": info.get("command"), "started": info.get("started"), "n": len(results),
+            "command": info.get("command"), "started": info.get("started"),
             "metrics": levels, "pass_at_k": pass_k, "time": time_split(timing),
-            # where the evaluation's work went, and how many candidates were built rather than found in the cache
-            "phases": seconds_by_phase(results),
-            "built": sum(r.build is not None and not r.build.cache_hit for r in results)}
+            **candidate_work(results)}
 
 
 def _pct(x: float | None) -> str:

@@ -93,6 +93,13 @@ def seconds_by_phase(results: list[EvalResult]) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def candidate_work(results: list[EvalResult]) -> dict:
+    """Where an evaluation's work went (`seconds_by_phase`), over how many candidates, and how many of them were built
+    rather than found in the build cache (or never built: duplicates, no code)."""
+    return {"n": len(results), "phases": seconds_by_phase(results),
+            "built": sum(r.build is not None and not r.build.cache_hit for r in results)}
+
+
 def _quantiles(xs: list[float]) -> dict[str, float]:
     if not xs:
         return {}
