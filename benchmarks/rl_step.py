@@ -16,8 +16,9 @@ the tokens each processed, padding apart) give its TFLOP/s and MFU against `--pe
 H200's dense bf16 matmul rate: large matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first
 update compiles flex attention for its shapes, so the same update runs again: its time is what every later step of
 a run pays. `--rollouts-again` draws
-the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first) and adds the step
-a run's later steps pay: those rollouts, the reward, the update again. `--compare-rollouts` also
+the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first), scores them with
+the reward service the first call started, and adds the step a run's later steps pay: those rollouts, their reward,
+the update again. `--compare-rollouts` also
 decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
@@ -111,8 +112,11 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         again = step.rollouts(1, "e2e", tasks)
         result["rollout_again_s"] = time.monotonic() - began
         result.update(_decode_rates(again, result["rollout_again_s"], rollout, "rollout_again"))
+        # and their reward as a later step pays it: the service already up (the first call started its fork server
+        # and workers), the programs under new candidate ids
+        result["reward_again_s"] = rewards.score(1, [(r.task.harness_task(), r.candidate) for r in again]).seconds
         if "update_warm_s" in result:
-            result["step_again_s"] = result["rollout_again_s"] + result["reward_s"] + result["update_warm_s"]
+            result["step_again_s"] = result["rollout_again_s"] + result["reward_again_s"] + result["update_warm_s"]
     if dist.device.type == "cuda":
         result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.compare_rollouts:
@@ -305,7 +309,7 @@ def main() -> None:
           f"{args.max_new} new tokens, {results['device']}")
     print(f"{'phase':<28}{'seconds':>10}")
     for key in ("setup_s", "rollout_s", "reward_s", "update_s", "step_s", "update_warm_s", "rollout_again_s",
-                "step_again_s"):
+                "reward_again_s", "step_again_s"):
         if key in s:
             print(f"{key[:-2].replace('_warm', ' again').replace('_again', ' again'):<28}{s[key]:>10.1f}")
     for name, label in (("rollout", "rollouts"), ("rollout_again", "rollouts again")):
