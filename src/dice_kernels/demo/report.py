@@ -248,9 +248,11 @@ def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
     measures = ("exec", "fast_1") + (("slip",) if cfg.world.slip_fraction else ())
     pairs = [(a, "sft", m) for a in arms if a != "sft" for m in measures]
     pairs += [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
+    # each arm's held-out scores read once (results and program files), not once per comparison it is in
+    scores = {x: bench_scores(cfg.out / "bench" / x / "heldout") for x in {x for a, b, _ in pairs for x in (a, b)}}
     out = []
     for a, b, measure in pairs:
-        sa, sb = (bench_scores(cfg.out / "bench" / x / "heldout") for x in (a, b))
+        sa, sb = scores[a], scores[b]
         if sa and sb:
             cmp = paired_difference(sa[measure], sb[measure], (a, b), seed=cfg.world.seed)
             out.append(dataclasses.replace(cmp, a=f"{a} ({measure})", b=f"{b} ({measure})"))
