@@ -91,6 +91,23 @@ double magnitude(double v) { return abs(v); }  // std::abs(double) under torch's
 
 
 @needs_cxx
+def test_a_second_module_of_the_same_name_in_one_process_imports_under_torchs_versioned_name(tmp_path):
+    """torch's `load` renames a second module of one name with other sources (`twin_v1`) and compiles it with that
+    TORCH_EXTENSION_NAME: the C API init function must follow the macro, or the import finds no PyInit_twin_v1."""
+    import torch
+
+    x = torch.randn(4, 8)
+    for n, sources in enumerate((LAUNCHER, LAUNCHER.replace("px[i] : 0.0f", "px[i] : -1.0f"))):
+        built = tmp_path / f"b{n}"
+        built.mkdir()
+        module = build_bare_cpp("twin", sources, ["fused"], build_directory=built)
+        out = torch.empty(4, 8)
+        module.fused(x.data_ptr(), out.data_ptr(), 4, 8)
+        assert torch.equal(out, torch.where(x > 0, x, torch.tensor(0.0 if n == 0 else -1.0)))
+    assert module.__name__ == "twin_v1"
+
+
+@needs_cxx
 def test_a_published_stub_is_found_with_its_precompiled_form_under_torchs_own_flags(tmp_path):
     """The harness precompiles the stub once per flags (compiling/speed.py) and a bare build finds it there: the
     compile torch's ninja file runs takes the precompiled form (GCC checks it is valid for that compile)."""

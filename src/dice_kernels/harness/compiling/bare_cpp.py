@@ -169,9 +169,14 @@ def bindings(module: str, functions: list[ScalarFunction]) -> str:
     return "\n\n".join([
         *wrappers,
         "static PyMethodDef dice_bare_methods[] = {\n" + "\n".join(table) + "\n    {nullptr, nullptr, 0, nullptr}};",
-        f"static PyModuleDef dice_bare_module = {{PyModuleDef_HEAD_INIT, {_c_string(module)}, nullptr, -1, "
-        "dice_bare_methods};",
-        f"PyMODINIT_FUNC PyInit_{module}() {{ return PyModule_Create(&dice_bare_module); }}"])
+        # torch's load compiles with -DTORCH_EXTENSION_NAME=<the name it imports>: `module`, or `module_v1`, ...
+        # for a later module of that name with other sources in one process
+        f"#ifndef TORCH_EXTENSION_NAME\n#define TORCH_EXTENSION_NAME {module}\n#endif",
+        "#define DICE_BARE_JOIN(a, b) a##b\n#define DICE_BARE_INIT(name) DICE_BARE_JOIN(PyInit_, name)\n"
+        "#define DICE_BARE_QUOTE(name) #name\n#define DICE_BARE_NAME(name) DICE_BARE_QUOTE(name)",
+        "static PyModuleDef dice_bare_module = {PyModuleDef_HEAD_INIT, DICE_BARE_NAME(TORCH_EXTENSION_NAME), "
+        "nullptr, -1, dice_bare_methods};",
+        "PyMODINIT_FUNC DICE_BARE_INIT(TORCH_EXTENSION_NAME)() { return PyModule_Create(&dice_bare_module); }"])
 
 
 def stub_header() -> str:
