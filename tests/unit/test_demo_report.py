@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dice_kernels.demo.config import DemoConfig, RLSection, WorldSection
-from dice_kernels.demo.report import (bench_scores, changed_outputs, outcome_counts, rl_effort, scale_limits,
-                                      timing_spread, train_reward_trend, train_rewards)
+from dice_kernels.demo.report import (bench_scores, changed_outputs, comparisons, outcome_counts, rl_effort,
+                                      scale_limits, timing_spread, train_reward_trend, train_rewards)
 from dice_kernels.demo.world import FAST, SLIP, WorldSizes, build_world, slips, solutions
 
 
@@ -257,3 +257,30 @@ def test_sigterm_stops_a_demo_like_ctrl_c_and_the_stage_records_its_seconds(tmp_
     assert done.returncode == 0, done.stderr
     assert "interrupted: stopped by signal 15" in done.stdout
     assert "sft" in json.loads((tmp_path / "timings-stopped.json").read_text())
+
+
+def _bench(run: Path, correct: int, n: int = 20) -> None:
+    """A finished bench run of n tasks whose first `correct` are correct."""
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+    run.mkdir(parents=True)
+    rows = [EvalResult(f"t{k}", f"t{k}#s0", str(k), Outcome.CORRECT if k < correct else Outcome.VALUE_MISMATCH)
+            for k in range(n)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_row()) + "\n" for r in rows))
+    (run / "summary.json").write_text("{}")
+
+
+def test_rl_arms_of_different_lengths_are_also_compared_at_the_steps_both_exported(tmp_path):
+    """BiC-RL's 16 steps against e2e RL's 12: at the ends (labelled with the step counts) and at step 8, where the
+    longer arm's lead here is gone."""
+    cfg = DemoConfig(out=tmp_path, arms=("sft", "bicrl_robust", "e2e_robust"),
+                     rl=RLSection(infill_steps=4, e2e_steps=12, export_every=8))
+    for run, correct in (("sft/heldout", 4), ("bicrl_robust/heldout", 16), ("bicrl_robust/heldout-step-00000008", 10),
+                         ("e2e_robust/heldout", 12), ("e2e_robust/heldout-step-00000008", 10)):
+        _bench(tmp_path / "bench" / run, correct)
+    found = {(c.a, c.b): round(c.diff.value * 20) for c in comparisons(cfg, list(cfg.arms))}
+    assert found[("bicrl_robust (exec)", "sft (exec)")] == 12 and found[("e2e_robust (exec)", "sft (exec)")] == 8
+    assert found[("bicrl_robust (exec, 16 steps)", "e2e_robust (exec, 12 steps)")] == 4
+    assert found[("bicrl_robust (exec, step 8)", "e2e_robust (exec, step 8)")] == 0
+    # exec and fast_1 against SFT (no slip in this world), the two above, and e2e_robust's deceptive share
+    assert len(found) == 2 * 2 + 2 + 1 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0

@@ -208,11 +208,9 @@ def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
         if scores is not None:
             row[split] = {"n": len(scores["exec"]), **{m: _iv(rate_interval(s)) for m, s in scores.items() if s}}
     row["heldout_outcomes"] = outcome_counts(bench / "heldout")
-    curve = [(0, bench_scores(bench.parent / "sft" / "heldout"))] if arm != "sft" else []
-    for run in sorted(bench.glob("heldout-step-*")):
-        curve.append((int(run.name.rsplit("-", 1)[1]), bench_scores(run)))
-    if ARMS[arm].phase:  # the final checkpoint closes the curve
-        curve.append((len(cfg.rl_phases(arm)), bench_scores(bench / "heldout")))
+    runs = {0: bench.parent / "sft" / "heldout"} | heldout_runs(cfg, arm) if ARMS[arm].phase else {}
+    curve = [(step, bench_scores(run)) for step, run in sorted(runs.items())]
+    if ARMS[arm].phase:
         row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed)
         row["rl"] = rl_effort(cfg.rl_dir(arm))
         row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
@@ -242,20 +240,40 @@ def tuning(cfg: DemoConfig) -> list[dict]:
     return out
 
 
+def heldout_runs(cfg: DemoConfig, arm: str) -> dict[int, Path]:
+    """An arm's held-out bench runs by the RL step of the checkpoint they scored: its exports, and its final
+    checkpoint at its last step (SFT's at 0)."""
+    bench = cfg.out / "bench" / arm
+    runs = {int(run.name.rsplit("-", 1)[1]): run for run in bench.glob("heldout-step-*")}
+    return runs | {len(cfg.rl_phases(arm)) if ARMS[arm].phase else 0: bench / "heldout"}
+
+
 def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
     """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 (and in a world with the layout slip,
-    its share of programs with it) against SFT, then COMPARISONS' questions."""
+    its share of programs with it) against SFT, then COMPARISONS' questions. Two RL arms of different lengths
+    (BiC-RL adds its infilling steps to the end-to-end ones) are compared at their ends, labelled with their step
+    counts, and again at every RL step both exported: a longer arm's gain can be its extra steps alone."""
     measures = ("exec", "fast_1") + (("slip",) if cfg.world.slip_fraction else ())
     pairs = [(a, "sft", m) for a in arms if a != "sft" for m in measures]
     pairs += [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
-    # each arm's held-out scores read once (results and program files), not once per comparison it is in
-    scores = {x: bench_scores(cfg.out / "bench" / x / "heldout") for x in {x for a, b, _ in pairs for x in (a, b)}}
-    out = []
+    runs = {arm: heldout_runs(cfg, arm) for arm in {x for a, b, _ in pairs for x in (a, b)}}
+    ends = {arm: max(r) for arm, r in runs.items()}
+    planned = []  # (measure, (arm, step, label), (arm, step, label))
     for a, b, measure in pairs:
-        sa, sb = scores[a], scores[b]
+        if b == "sft" or ends[a] == ends[b]:
+            planned.append((measure, (a, ends[a], ""), (b, ends[b], "")))
+            continue
+        planned.append((measure, (a, ends[a], f", {ends[a]} steps"), (b, ends[b], f", {ends[b]} steps")))
+        planned += [(measure, (a, s, f", step {s}"), (b, s, f", step {s}"))
+                    for s in sorted(set(runs[a]) & set(runs[b]) - {0})]
+    # each run's held-out scores read once (results and program files), not once per comparison it is in
+    scores = {(x, s): bench_scores(runs[x][s]) for _, *sides in planned for x, s, _ in sides}
+    out = []
+    for measure, (a, step_a, label_a), (b, step_b, label_b) in planned:
+        sa, sb = scores[a, step_a], scores[b, step_b]
         if sa and sb:
             cmp = paired_difference(sa[measure], sb[measure], (a, b), seed=cfg.world.seed)
-            out.append(dataclasses.replace(cmp, a=f"{a} ({measure})", b=f"{b} ({measure})"))
+            out.append(dataclasses.replace(cmp, a=f"{a} ({measure}{label_a})", b=f"{b} ({measure}{label_b})"))
     return out
 
 
