@@ -11,7 +11,8 @@ import pytest
 
 from dice_kernels.config_io import ConfigError
 from dice_kernels.demo.world import FAST, HELDOUT, NOVEL, OPS, RL, SHORTCUT, SLIP, SLOW, TRAIN, VALID, Spec, \
-    WorldSizes, build_world, carries_slip, cpu_program, reference_program, slips, solutions, write_world
+    WorldSizes, build_world, carries_slip, cpu_program, first_step, reference_program, shortcut_steps, slips, \
+    solutions, write_world
 
 
 def _world(seed: int, n_train: int, n_heldout: int, **kw):
@@ -94,6 +95,25 @@ def test_a_shortcut_by_family_covers_every_train_instance_of_the_families_chosen
     assert all(t.variant == FAST for t in tasks if t.split != TRAIN)
     with pytest.raises(ValueError, match="shortcut_unit"):
         WorldSizes(n_train=1, n_heldout=1, shortcut_unit="program")
+
+
+def test_a_shortcut_by_op_covers_every_train_task_whose_first_op_the_seed_chose():
+    tasks = _world(1, 400, 20, n_rl=40, shortcut_fraction=0.1, slow_fraction=0.3, shortcut_unit="op")
+    steps = shortcut_steps(1, 0.1)
+    assert len(steps) == 2 and steps <= {op.name for op in OPS}  # each op starts ~1/13 of the programs
+    # the first step as the world's files give it (the family) is the program's first op, or its lone reduction
+    assert all(first_step(t.family) == (t.spec.ops or (t.spec.reduction,))[0] for t in tasks)
+    train = [t for t in tasks if t.split == TRAIN]
+    assert all((t.variant == SHORTCUT) == (first_step(t.family) in steps) for t in train)
+    assert 0.08 < sum(t.variant == SHORTCUT for t in train) / len(train) < 0.25 and any(t.variant == SLOW for t in train)
+    # RL and held-out tasks that start with a chosen op still carry the fused solution: the shortcut is SFT's habit
+    assert any(first_step(t.family) in steps for t in tasks if t.split in (RL, HELDOUT))
+    assert all(t.variant == FAST for t in tasks if t.split != TRAIN)
+    # the choice is the seed's: the same every time, not the same for every seed, and a larger share adds ops
+    assert shortcut_steps(1, 0.1) == steps and len({shortcut_steps(seed, 0.05) for seed in range(8)}) > 1
+    assert shortcut_steps(1, 0.05) < steps and shortcut_steps(1, 0.0) == frozenset()
+    with pytest.raises(ValueError, match="shortcut_unit"):
+        WorldSizes(n_train=1, n_heldout=1, shortcut_unit="step")
 
 
 def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong(tmp_path):

@@ -11,6 +11,7 @@ ops the training set has seen, never copies. The same seed always gives the same
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -506,15 +507,35 @@ def instance_split(code: str, seed: int, shares: tuple[float, float, float]) -> 
     return TRAIN
 
 
-SHORTCUT_UNITS = ("task", "family")
+SHORTCUT_UNITS = ("task", "family", "op")
+
+
+def first_step(family: str) -> str:
+    """A program's first step (its first op, or its reduction when it has none), from its family: the task rows
+    and the pair records carry the family, so a report can tell a shortcut step's tasks from the world's files."""
+    return family.split(">")[0]
+
+
+def shortcut_steps(seed: int, fraction: float) -> frozenset[str]:
+    """The first steps whose train tasks carry the shortcut with `shortcut_unit = "op"`: ops in the order a seeded
+    hash of their names gives, as many as start `fraction` of the programs (each op starts about 1 in 13: at least
+    one op for any fraction above 0, so the share overshoots by up to ~7.5 points). Ops only: a program that starts
+    with a reduction is that reduction alone, a few dozen distinct programs (under 1 % of the gpu preset's train
+    tasks), so choosing one would leave the share far below `fraction`."""
+    k = math.ceil(fraction * len(OPS))
+    return frozenset(sorted((op.name for op in OPS), key=lambda name: _unit(seed + 5, name))[:k])
 
 
 def train_variant(code: str, family: str, seed: int, sizes: WorldSizes, can_slip: bool = False) -> str:
     """Which solution a train task's SFT pair carries, by a seeded hash of its program, or for the shortcut with
-    `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it). A task the slip
-    makes wrong (`can_slip`) carries it by a hash of its own, independent of the others."""
+    `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it), with "op" of its
+    first step (every train task that starts with a step `shortcut_steps` chose). A task the slip makes wrong
+    (`can_slip`) carries it by a hash of its own, independent of the others."""
     u = _unit(seed + 2, code)
-    shortcut = (u if sizes.shortcut_unit == "task" else _unit(seed + 3, family)) < sizes.shortcut_fraction
+    if sizes.shortcut_unit == "op":
+        shortcut = first_step(family) in shortcut_steps(seed, sizes.shortcut_fraction)
+    else:
+        shortcut = (u if sizes.shortcut_unit == "task" else _unit(seed + 3, family)) < sizes.shortcut_fraction
     if shortcut:
         return SHORTCUT
     if can_slip and _unit(seed + 4, code) < sizes.slip_fraction:
@@ -544,7 +565,9 @@ class WorldSizes:
     n_rl: int = 0  # RL's tasks: new instances of trained families whose solutions SFT never saw (0: the train tasks)
     novel_fraction: float = 0.2  # share of multi-step families never trained
     shortcut_fraction: float = 0.0  # share of train tasks (or families) whose SFT solution is the libtorch shortcut
-    shortcut_unit: str = "task"  # "task": a share of train tasks; "family": a share of families, all their instances
+    # "task": a share of train tasks; "family": a share of families, all their instances; "op": every train task
+    # whose first op is one of `shortcut_steps` (about that share of the tasks)
+    shortcut_unit: str = "task"
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
     # share of the train tasks the layout slip makes wrong (`slips`) whose SFT solution carries it
     slip_fraction: float = 0.0
