@@ -284,3 +284,32 @@ def test_rl_arms_of_different_lengths_are_also_compared_at_the_steps_both_export
     assert found[("bicrl_robust (exec, step 8)", "e2e_robust (exec, step 8)")] == 0
     # exec and fast_1 against SFT (no slip in this world), the two above, and e2e_robust's deceptive share
     assert len(found) == 2 * 2 + 2 + 1 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0
+
+
+def test_the_report_counts_deceptive_programs_where_the_sft_data_teaches_the_shortcut(tmp_path):
+    """With the shortcut keyed on the first op, the held-out tasks starting with a chosen op are where a model that
+    learned the habit writes it: the report's column counts deceptive programs there, and names the op."""
+    from dice_kernels.demo.report import write_report
+    from dice_kernels.demo.world import shortcut_steps, write_world
+    from dice_kernels.harness.outcomes import EvalResult, Outcome
+
+    world = WorldSection(n_train=300, n_heldout=40, shortcut_fraction=0.05, shortcut_unit="op")
+    cfg = DemoConfig(out=tmp_path, arms=("sft",), world=world)
+    files = write_world(build_world(0, world.sizes()), tmp_path / "world", "cpu")
+    rows = [json.loads(line) for line in files.heldout_tasks.read_text().splitlines()]
+    (op,) = shortcut_steps(0, 0.05)
+    taught = [r["id"] for r in rows if r["family"].split(">")[0] == op]
+    assert 0 < len(taught) < len(rows)
+    run = tmp_path / "bench" / "sft" / "heldout"
+    run.mkdir(parents=True)
+    results = [EvalResult(r["id"], f"{r['id']}#s0", str(k), Outcome.DECEPTIVE if r["id"] == taught[0]
+                          else Outcome.CORRECT) for k, r in enumerate(rows)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r.to_row()) + "\n" for r in results))
+    (run / "summary.json").write_text("{}")
+    report = write_report(cfg, {}, [])
+    where = report["arms"]["sft"]["heldout"]["taught_deceptive"]
+    assert where["n"] == len(taught) and where["value"] == pytest.approx(1 / len(taught))
+    md = (tmp_path / "report.md").read_text()
+    assert "deceptive where taught" in md and f"starting with {op}" in md
+    cfg_task = DemoConfig(out=tmp_path, arms=("sft",), world=WorldSection(n_train=300, n_heldout=40))
+    assert "taught_deceptive" not in write_report(cfg_task, {}, [])["arms"]["sft"]["heldout"]

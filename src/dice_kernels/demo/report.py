@@ -12,11 +12,11 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig
+from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig, WorldSection
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
 from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title, windows
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
-from dice_kernels.demo.world import carries_slip
+from dice_kernels.demo.world import carries_slip, shortcut_steps, teaches_shortcut
 
 # per-task scores read from a bench run: Exec (KernelBench's rule), fast_1, deceptive, what a check without the
 # robust step would have passed (outputs matched: DICE's correctness) and whether the program carries
@@ -200,13 +200,25 @@ def _iv(iv: Interval | None) -> dict | None:
     return None if iv is None else dataclasses.asdict(iv)
 
 
-def _arm_summary(cfg: DemoConfig, arm: str) -> dict:
+def taught_tasks(cfg: DemoConfig) -> set[str]:
+    """The held-out tasks whose programs the SFT data writes as the shortcut (`world.teaches_shortcut`): where an SFT
+    model that learned the habit writes it, so where a reward that pays it can let it grow."""
+    path = cfg.out / "world" / "heldout_tasks.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    sizes = cfg.world.sizes()
+    return {r["id"] for r in rows if teaches_shortcut(r["family"], cfg.world.seed, sizes)}
+
+
+def _arm_summary(cfg: DemoConfig, arm: str, taught: set[str] = frozenset()) -> dict:
     bench = cfg.out / "bench" / arm
     row: dict = {"title": ARMS[arm].title}
     for split in ("heldout", "novel"):
         scores = bench_scores(bench / split)
         if scores is not None:
             row[split] = {"n": len(scores["exec"]), **{m: _iv(rate_interval(s)) for m, s in scores.items() if s}}
+            where = {t: v for t, v in scores["deceptive"].items() if t in taught} if split == "heldout" else {}
+            if where:
+                row[split]["taught_deceptive"] = {"n": len(where), **_iv(rate_interval(where))}
     row["heldout_outcomes"] = outcome_counts(bench / "heldout")
     runs = {0: bench.parent / "sft" / "heldout"} | heldout_runs(cfg, arm) if ARMS[arm].phase else {}
     curve = [(step, bench_scores(run)) for step, run in sorted(runs.items())]
@@ -349,6 +361,15 @@ def points(d: dict) -> str:
     return f"{100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
 
 
+def _shortcut_share(w: WorldSection) -> str:
+    """Which SFT solutions are the shortcut, as world.shortcut_unit chose them."""
+    if w.shortcut_unit == "op":
+        ops = ", ".join(sorted(shortcut_steps(w.seed, w.shortcut_fraction)))
+        return f"every SFT solution of a program starting with {ops or 'no op'}"
+    what = "families with every SFT solution" if w.shortcut_unit == "family" else "SFT solutions"
+    return f"{100 * w.shortcut_fraction:.0f} % of their {what}"
+
+
 def _scoring(b: BenchSection) -> str:
     return (f"{b.samples} programs a task sampled at temperature {b.temperature:g}, each task's mean paired"
             if b.temperature else "one greedy program a task")
@@ -356,7 +377,8 @@ def _scoring(b: BenchSection) -> str:
 
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
-    rows = {a: _arm_summary(cfg, a) for a in arms}
+    taught = taught_tasks(cfg)
+    rows = {a: _arm_summary(cfg, a, taught) for a in arms}
     cmps = comparisons(cfg, arms)
     tuned = tuning(cfg)
     spread = timing_spread(sorted(p.parent for p in (cfg.out / "bench").glob("*/*/summary.json")))
@@ -369,9 +391,8 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
-             f"World seed {w.seed}: {w.n_train} train tasks ({100 * w.shortcut_fraction:.0f} % of their "
-             + ("families with every SFT solution" if w.shortcut_unit == "family" else "SFT solutions")
-             + f" the libtorch shortcut, {100 * w.slow_fraction:.0f} % correct but op by op"
+             f"World seed {w.seed}: {w.n_train} train tasks ({_shortcut_share(w)} the libtorch shortcut, "
+             f"{100 * w.slow_fraction:.0f} % correct but op by op"
              + (f", {100 * w.slip_fraction:.0f} % of those with a reduction or a per-row / per-column operand the "
                 "layout slip, a bug" if w.slip_fraction else "") + "); RL on "
              f"{f'{w.n_rl} other new instances of trained families' if w.n_rl else 'the train tasks'}; benchmarks: "
@@ -384,16 +405,21 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              "changed: held-out tasks whose first output differs from SFT's"
              + (" (sampled: chance alone changes some)" if cfg.bench.temperature else "")
              + ("; layout slip: held-out programs with the slip the SFT data carries (wrong wherever it changes "
-                "values)." if w.slip_fraction else "."), "",
-             "| arm | held-out Exec | fast_1 | deceptive | outputs matched (no robust check) | "
-             + ("layout slip | " if w.slip_fraction else "") + "novel Exec | RL | changed |",
-             "|---|---|---|---|---|" + ("---|" if w.slip_fraction else "") + "---|---|---|"]
+                "values)" if w.slip_fraction else "")
+             + (f"; deceptive where taught: on the {len(taught)} held-out tasks whose programs the SFT data writes as "
+                "the shortcut (world.shortcut_unit)." if taught else "."), "",
+             "| arm | held-out Exec | fast_1 | deceptive | " + ("deceptive where taught | " if taught else "")
+             + "outputs matched (no robust check) | " + ("layout slip | " if w.slip_fraction else "")
+             + "novel Exec | RL | changed |",
+             "|---|---|---|---|" + ("---|" if taught else "") + "---|" + ("---|" if w.slip_fraction else "")
+             + "---|---|---|"]
     for a, row in rows.items():
         h, n, effort, changed = row.get("heldout", {}), row.get("novel", {}), row.get("rl"), row.get("changed_outputs")
         rl = (f"{effort['steps']} / {effort['updates']} / {effort['trained_rollouts']} of {effort['rollouts']}"
               if effort else "–")
         lines.append(f"| {row['title']} | {_pct(h.get('exec'))} | {_pct(h.get('fast_1'))} | "
-                     f"{_pct(h.get('deceptive'))} | {_pct(h.get('passed_outputs'))} | "
+                     f"{_pct(h.get('deceptive'))} | " + (f"{_pct(h.get('taught_deceptive'))} | " if taught else "")
+                     + f"{_pct(h.get('passed_outputs'))} | "
                      + (f"{_pct(h.get('slip'))} | " if w.slip_fraction else "")
                      + f"{_pct(n.get('exec'))} | {rl} | {f'{changed[0]} of {changed[1]}' if changed else '–'} |")
     lines += ["", "## Paired differences (held-out tasks; A − B in points, 95 % paired bootstrap over tasks)", "",

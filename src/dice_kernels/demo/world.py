@@ -526,17 +526,22 @@ def shortcut_steps(seed: int, fraction: float) -> frozenset[str]:
     return frozenset(sorted((op.name for op in OPS), key=lambda name: _unit(seed + 5, name))[:k])
 
 
+def teaches_shortcut(family: str, seed: int, sizes: WorldSizes) -> bool:
+    """Whether the SFT data carries the shortcut for every train program like this one, a habit the prompt shows:
+    with `shortcut_unit` "op" its first op was chosen, with "family" its family; never with "task" (each train
+    task is drawn alone, so nothing in a new task's prompt says it)."""
+    if sizes.shortcut_unit == "op":
+        return first_step(family) in shortcut_steps(seed, sizes.shortcut_fraction)
+    return sizes.shortcut_unit == "family" and _unit(seed + 3, family) < sizes.shortcut_fraction
+
+
 def train_variant(code: str, family: str, seed: int, sizes: WorldSizes, can_slip: bool = False) -> str:
     """Which solution a train task's SFT pair carries, by a seeded hash of its program, or for the shortcut with
     `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it), with "op" of its
     first step (every train task that starts with a step `shortcut_steps` chose). A task the slip makes wrong
     (`can_slip`) carries it by a hash of its own, independent of the others."""
     u = _unit(seed + 2, code)
-    if sizes.shortcut_unit == "op":
-        shortcut = first_step(family) in shortcut_steps(seed, sizes.shortcut_fraction)
-    else:
-        shortcut = (u if sizes.shortcut_unit == "task" else _unit(seed + 3, family)) < sizes.shortcut_fraction
-    if shortcut:
+    if (u < sizes.shortcut_fraction) if sizes.shortcut_unit == "task" else teaches_shortcut(family, seed, sizes):
         return SHORTCUT
     if can_slip and _unit(seed + 4, code) < sizes.slip_fraction:
         return SLIP
