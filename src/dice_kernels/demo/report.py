@@ -200,16 +200,16 @@ def _iv(iv: Interval | None) -> dict | None:
     return None if iv is None else dataclasses.asdict(iv)
 
 
-def taught_tasks(cfg: DemoConfig) -> set[str]:
+def taught_tasks(cfg: DemoConfig) -> frozenset[str]:
     """The held-out tasks whose programs the SFT data writes as the shortcut (`world.teaches_shortcut`): where an SFT
     model that learned the habit writes it, so where a reward that pays it can let it grow."""
     path = cfg.out / "world" / "heldout_tasks.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     sizes = cfg.world.sizes()
-    return {r["id"] for r in rows if teaches_shortcut(r["family"], cfg.world.seed, sizes)}
+    return frozenset(r["id"] for r in rows if teaches_shortcut(r["family"], cfg.world.seed, sizes))
 
 
-def _arm_summary(cfg: DemoConfig, arm: str, taught: set[str] = frozenset()) -> dict:
+def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()) -> dict:
     bench = cfg.out / "bench" / arm
     row: dict = {"title": ARMS[arm].title}
     for split in ("heldout", "novel"):
