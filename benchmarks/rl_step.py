@@ -150,7 +150,7 @@ def batch_forwards(trajectories: list, block: int, steps: int) -> tuple[int, int
     spends on each block of its grid as many forwards as the block's last unmasking step + 1, and the first forward
     of each later block commits the finished one (writes its K/V: twice the queries, for every row of the batch,
     when any row commits). The batch runs until its longest row ends; a row that has ended idles in it."""
-    from dice_kernels.sampling.decoder import first_block_wait
+    from dice_kernels.sampling.decoder import first_block, first_block_wait
 
     commits: set[int] = set()
     forwards = busy = 0
@@ -159,7 +159,7 @@ def batch_forwards(trajectories: list, block: int, steps: int) -> tuple[int, int
         for j, step in enumerate(t.steps + t.tail_steps):
             b = (len(t.prompt) + j) // block
             last_step[b] = max(last_step.get(b, 0), step)
-        at = first_block_wait(block - len(t.prompt) % block, block, steps)  # the first block's masks
+        at = first_block_wait(first_block(len(t.prompt), block)[1], block, steps)
         for k, b in enumerate(sorted(last_step)):
             if k:
                 commits.add(at)

@@ -110,14 +110,14 @@ def _initial_state(prompts: list[list[int]], block: int, steps: int, max_new: in
     seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         seq[row, : len(prompt)] = torch.tensor(prompt, device=device)
-    start, masked = _first_block(lengths, block)
+    start, masked = first_block(lengths, block)
     zeros = torch.zeros_like(lengths)
     return _State(seq=seq, unmask_step=torch.full_like(seq, -1), prompt_len=lengths, start=start, step=zeros,
                   masked_at_start=masked, commit=zeros.bool(), wait=first_block_wait(masked, block, steps),
                   done=zeros.bool(), nonfinite=zeros.bool())
 
 
-def _first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | Tensor]:
+def first_block(length: int | Tensor, block: int) -> tuple[int | Tensor, int | Tensor]:
     """(start, masks) of the first decode block of a prompt of `length` tokens (an int or a tensor of them): the
     prompt is prefilled up to its last whole block; its remainder opens the first decode block unmasked."""
     start = length // block * block
@@ -139,7 +139,7 @@ def first_block_wait(masks: int | Tensor, block: int, steps: int) -> int | Tenso
 def _refill_row(state: _State, row: int, prompt: list[int], block: int, steps: int, mask_id: int) -> int:
     """Give `row` a new prompt, in place (graphs read the state's tensors at fixed addresses), as `_initial_state`
     would have; returns its first decode block's position, the prompt's slots to prefill."""
-    start, masked = _first_block(len(prompt), block)
+    start, masked = first_block(len(prompt), block)
     state.seq[row].fill_(mask_id)
     state.seq[row, : len(prompt)] = torch.tensor(prompt, device=state.seq.device)
     state.unmask_step[row].fill_(-1)
