@@ -116,6 +116,20 @@ def test_a_shortcut_by_op_covers_every_train_task_whose_first_op_the_seed_chose(
         WorldSizes(n_train=1, n_heldout=1, shortcut_unit="step")
 
 
+def test_shortcut_within_leaves_a_share_of_the_taught_tasks_their_kernel():
+    """With `shortcut_within`, about that share of the tasks the unit teaches carry the shortcut and the rest a
+    kernel, so the SFT data shows both on such a prompt; no other task gains the shortcut."""
+    sizes = dict(shortcut_fraction=0.1, slow_fraction=0.3, shortcut_unit="op")
+    whole = [t for t in _world(1, 400, 20, **sizes) if t.split == TRAIN]
+    half = [t for t in _world(1, 400, 20, shortcut_within=0.5, **sizes) if t.split == TRAIN]
+    assert [t.id for t in whole] == [t.id for t in half]
+    taught = [b for a, b in zip(whole, half) if a.variant == SHORTCUT]
+    assert 0.3 < sum(t.variant == SHORTCUT for t in taught) / len(taught) < 0.7
+    assert all(b.variant != SHORTCUT for a, b in zip(whole, half) if a.variant != SHORTCUT)
+    with pytest.raises(ValueError, match="shortcut_within"):
+        WorldSizes(n_train=1, n_heldout=1, shortcut_within=0.0)
+
+
 def test_the_layout_slip_is_a_seeded_share_of_the_train_tasks_it_makes_wrong(tmp_path):
     tasks = _world(2, 400, 20, n_rl=40, shortcut_fraction=0.05, slow_fraction=0.3, slip_fraction=0.5)
     train = [t for t in tasks if t.split == TRAIN]

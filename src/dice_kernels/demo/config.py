@@ -56,6 +56,10 @@ class WorldSection:
     # habit keyed on the prompt's first operator line, which SFT reads (a family has a median 1 train instance at
     # the gpu preset's 4,000, and its SFT model wrote no shortcut there)
     shortcut_unit: str = "task"
+    # with "op" or "family", the share of those train tasks whose solution is the shortcut (the rest keep their
+    # kernel): at 1, a model that learns the habit writes only shortcuts there, and groups of them are flat under
+    # either reward (cpu scale, 2026-12-06: 24 % of DICE's-reward rollouts deceptive and paid, first and last third)
+    shortcut_within: float = 1.0
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
     # share of train tasks with a per-row or per-column operand or a reduction whose SFT solution indexes the input
     # column-major (world.py's layout slip): a bug in the data that execution catches and RL can unlearn
@@ -71,7 +75,8 @@ class WorldSection:
     def sizes(self) -> WorldSizes:
         return WorldSizes(n_train=self.n_train, n_heldout=self.n_heldout, n_valid=self.n_valid, n_novel=self.n_novel,
                           n_rl=self.n_rl, novel_fraction=self.novel_fraction, shortcut_fraction=self.shortcut_fraction,
-                          shortcut_unit=self.shortcut_unit, slow_fraction=self.slow_fraction,
+                          shortcut_unit=self.shortcut_unit, shortcut_within=self.shortcut_within,
+                          slow_fraction=self.slow_fraction,
                           slip_fraction=self.slip_fraction, rows=tuple(self.rows), cols=tuple(self.cols))
 
 

@@ -538,10 +538,12 @@ def teaches_shortcut(family: str, seed: int, sizes: WorldSizes) -> bool:
 def train_variant(code: str, family: str, seed: int, sizes: WorldSizes, can_slip: bool = False) -> str:
     """Which solution a train task's SFT pair carries, by a seeded hash of its program, or for the shortcut with
     `shortcut_unit = "family"` of its family (every train instance of a family chosen carries it), with "op" of its
-    first step (every train task that starts with a step `shortcut_steps` chose). A task the slip makes wrong
+    first step (every train task that starts with a step `shortcut_steps` chose; `shortcut_within` of them, by a
+    hash of the program, where the rest keep their kernel). A task the slip makes wrong
     (`can_slip`) carries it by a hash of its own, independent of the others."""
     u = _unit(seed + 2, code)
-    if (u < sizes.shortcut_fraction) if sizes.shortcut_unit == "task" else teaches_shortcut(family, seed, sizes):
+    taught = teaches_shortcut(family, seed, sizes) and _unit(seed + 6, code) < sizes.shortcut_within
+    if (u < sizes.shortcut_fraction) if sizes.shortcut_unit == "task" else taught:
         return SHORTCUT
     if can_slip and _unit(seed + 4, code) < sizes.slip_fraction:
         return SLIP
@@ -573,6 +575,10 @@ class WorldSizes:
     # "task": a share of train tasks; "family": a share of families, all their instances; "op": every train task
     # whose first op is one of `shortcut_steps` (about that share of the tasks)
     shortcut_unit: str = "task"
+    # with "op" or "family": the share of those train tasks that carry the shortcut (the rest keep their kernel), so
+    # a model can learn to write either on such a task: a group of its rollouts mixing both is what a reward can
+    # move, where a habit kept on every instance gives groups of shortcuts alone, flat under any reward
+    shortcut_within: float = 1.0
     slow_fraction: float = 0.0  # share of train tasks whose SFT solution is correct but op by op
     # share of the train tasks the layout slip makes wrong (`slips`) whose SFT solution carries it
     slip_fraction: float = 0.0
@@ -589,6 +595,8 @@ class WorldSizes:
             raise ConfigError("world.novel_fraction must be in [0, 1) and shortcut + slow fractions in [0, 1]")
         if not 0 <= self.slip_fraction <= 1:
             raise ConfigError(f"world.slip_fraction must be in [0, 1], got {self.slip_fraction}")
+        if not 0 < self.shortcut_within <= 1:
+            raise ConfigError(f"world.shortcut_within must be in (0, 1], got {self.shortcut_within}")
         if self.shortcut_unit not in SHORTCUT_UNITS:
             raise ConfigError(f"world.shortcut_unit must be one of {SHORTCUT_UNITS}, got {self.shortcut_unit!r}")
 
