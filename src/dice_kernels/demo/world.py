@@ -14,6 +14,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from dice_kernels.config_io import ConfigError
@@ -516,6 +517,7 @@ def first_step(family: str) -> str:
     return family.split(">")[0]
 
 
+@cache  # asked once per task when a world is built or its report counts the taught tasks
 def shortcut_steps(seed: int, fraction: float) -> frozenset[str]:
     """The first steps whose train tasks carry the shortcut with `shortcut_unit = "op"`: ops in the order a seeded
     hash of their names gives, as many as start `fraction` of the programs (each op starts about 1 in 13: at least
