@@ -10,7 +10,9 @@ import json
 import sqlite3
 import statistics
 from collections import Counter
+from functools import cache
 from pathlib import Path
+from typing import Callable
 
 from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig, WorldSection
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
@@ -27,6 +29,9 @@ COMPARISONS = (("bicrl_robust", "e2e_robust", "exec"), ("e2e_robust", "e2e_dice"
                ("bicrl_robust", "bicrl_dice", "exec"), ("e2e_dice", "sft", "deceptive"),
                ("bicrl_dice", "sft", "deceptive"), ("e2e_robust", "sft", "deceptive"),
                ("e2e_speed", "e2e_robust", "fast_1"))
+
+
+ScoresReader = Callable[[Path], "dict[str, Scores] | None"]  # bench_scores, or a caching wrapper of it
 
 
 def bench_scores(run: Path) -> dict[str, Scores] | None:
@@ -209,11 +214,12 @@ def taught_tasks(cfg: DemoConfig) -> frozenset[str]:
     return frozenset(r["id"] for r in rows if teaches_shortcut(r["family"], cfg.world.seed, sizes))
 
 
-def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()) -> dict:
+def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset(),
+                 read: ScoresReader = bench_scores) -> dict:
     bench = cfg.out / "bench" / arm
     row: dict = {"title": ARMS[arm].title}
     for split in ("heldout", "novel"):
-        scores = bench_scores(bench / split)
+        scores = read(bench / split)
         if scores is not None:
             row[split] = {"n": len(scores["exec"]), **{m: _iv(rate_interval(s)) for m, s in scores.items() if s}}
             where = {t: v for t, v in scores["deceptive"].items() if t in taught} if split == "heldout" else {}
@@ -221,7 +227,7 @@ def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()
                 row[split]["taught_deceptive"] = {"n": len(where), **_iv(rate_interval(where))}
     row["heldout_outcomes"] = outcome_counts(bench / "heldout")
     runs = {0: bench.parent / "sft" / "heldout"} | heldout_runs(cfg, arm) if ARMS[arm].phase else {}
-    curve = [(step, bench_scores(run)) for step, run in sorted(runs.items())]
+    curve = [(step, read(run)) for step, run in sorted(runs.items())]
     if ARMS[arm].phase:
         row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed)
         row["rl"] = rl_effort(cfg.rl_dir(arm))
@@ -235,13 +241,13 @@ def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()
     return row
 
 
-def tuning(cfg: DemoConfig) -> list[dict]:
+def tuning(cfg: DemoConfig, read: ScoresReader = bench_scores) -> list[dict]:
     """rl.lr_grid's runs on the validation split: per rate, validation Exec and its paired difference against SFT
     there, and whether it was chosen (cfg: the tuned config, rl.lr the chosen rate)."""
     arm, out = cfg.tuned_arm(), []
-    sft = bench_scores(cfg.valid_bench("sft"))
+    sft = read(cfg.valid_bench("sft"))
     for lr in cfg.rl.lr_grid:
-        scores = bench_scores(cfg.at_lr(lr).valid_bench(arm))
+        scores = read(cfg.at_lr(lr).valid_bench(arm))
         if not scores:
             continue
         row = {"lr": lr, "chosen": lr == cfg.rl.lr, "n": len(scores["exec"]), "exec": _iv(rate_interval(scores["exec"]))}
@@ -260,7 +266,7 @@ def heldout_runs(cfg: DemoConfig, arm: str) -> dict[int, Path]:
     return runs | {len(cfg.rl_phases(arm)) if ARMS[arm].phase else 0: bench / "heldout"}
 
 
-def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
+def comparisons(cfg: DemoConfig, arms: list[str], read: ScoresReader = bench_scores) -> list[Comparison]:
     """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 (and in a world with the layout slip,
     its share of programs with it) against SFT, then COMPARISONS' questions. Two RL arms of different lengths
     (BiC-RL adds its infilling steps to the end-to-end ones) are compared at their ends, labelled with their step
@@ -278,8 +284,7 @@ def comparisons(cfg: DemoConfig, arms: list[str]) -> list[Comparison]:
         planned.append((measure, (a, ends[a], f", {ends[a]} steps"), (b, ends[b], f", {ends[b]} steps")))
         planned += [(measure, (a, s, f", step {s}"), (b, s, f", step {s}"))
                     for s in sorted(set(runs[a]) & set(runs[b]) - {0})]
-    # each run's held-out scores read once (results and program files), not once per comparison it is in
-    scores = {(x, s): bench_scores(runs[x][s]) for _, *sides in planned for x, s, _ in sides}
+    scores = {(x, s): read(runs[x][s]) for _, *sides in planned for x, s, _ in sides}
     out = []
     for measure, (a, step_a, label_a), (b, step_b, label_b) in planned:
         sa, sb = scores[a, step_a], scores[b, step_b]
@@ -378,9 +383,10 @@ def _scoring(b: BenchSection) -> str:
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
     taught = taught_tasks(cfg)
-    rows = {a: _arm_summary(cfg, a, taught) for a in arms}
-    cmps = comparisons(cfg, arms)
-    tuned = tuning(cfg)
+    read = cache(bench_scores)  # each bench run read once (results and program files), however many rows use it
+    rows = {a: _arm_summary(cfg, a, taught, read) for a in arms}
+    cmps = comparisons(cfg, arms, read)
+    tuned = tuning(cfg, read)
     spread = timing_spread(sorted(p.parent for p in (cfg.out / "bench").glob("*/*/summary.json")))
     copy = json.loads(cfg.operator_copy_file.read_text()) if cfg.operator_copy_file.is_file() else None
     report = {"scale": cfg.scale, "backend": cfg.backend,
