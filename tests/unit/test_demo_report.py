@@ -181,6 +181,35 @@ def test_the_rollout_check_counts_deceptive_and_paid_deceptive_rollouts_per_wind
     assert trend["deceptive"]["diff"]["value"] == -0.25 and trend["paid_deceptive"]["diff"]["value"] == 0.25
     assert trend["deceptive"]["diff"]["n"] == 2
     assert deception_trend(tmp_path / "missing.jsonl") is None
+    # the taught tasks alone: a (taught) 0.5 -> 1 while b (not taught) only changes the mix
+    taught = deception_trend(path, taught=frozenset({"a"}))["taught_deceptive"]
+    assert taught["first"]["value"] == 0.5 and taught["last"]["value"] == 1.0 and taught["first"]["tasks"] == 1
+    assert taught["diff"]["value"] == 0.5
+    assert "taught_deceptive" not in trend
+
+
+def test_dice_reward_is_set_against_ours_on_the_tasks_both_arms_drew(tmp_path):
+    from dice_kernels.demo.rollout_check import check_file, reward_contrast
+
+    cfg = DemoConfig(out=tmp_path)
+
+    def check(arm: str, rows: list[tuple[str, str, str]]) -> None:
+        path = check_file(cfg, arm)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"window": w, "task_id": t, "outcome": o, "paid": True}) + "\n"
+                                for w, t, o in rows))
+
+    both = [("first", "a", "deceptive"), ("first", "b", "correct")]
+    check("e2e_dice", both + [("last", "a", "deceptive"), ("last", "c", "deceptive"), ("last", "c", "deceptive")])
+    check("e2e_robust", both + [("last", "a", "correct"), ("last", "c", "deceptive"), ("last", "c", "correct")])
+    assert reward_contrast(cfg, ["sft", "e2e_dice"]) == []  # no robust twin: nothing to set it against
+    found = {(c["window"], c["tasks"]): c for c in reward_contrast(cfg, ["e2e_dice", "e2e_robust"], frozenset("a"))}
+    assert set(found) == {("first", "all"), ("first", "taught"), ("last", "all"), ("last", "taught")}
+    assert found["first", "all"]["diff"]["value"] == 0  # the same SFT model's first rollouts
+    # last third: a 1 - 0, c 1 - 0.5 -> +0.75 over both tasks; on the taught task a alone +1
+    assert found["last", "all"]["diff"]["value"] == 0.75 and found["last", "all"]["n"] == 2
+    assert found["last", "taught"]["diff"]["value"] == 1.0 and found["last", "taught"]["n"] == 1
+    assert found["last", "all"]["a"] == "e2e_dice" and found["last", "all"]["b"] == "e2e_robust"
 
 
 def test_a_bench_run_scores_the_programs_that_carry_the_layout_slip(tmp_path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dice_kernels.demo.stats import Interval, paired_difference, rate_interval, runs_difference, wilson
+from dice_kernels.demo.stats import (Interval, paired_difference, rate_interval, runs_difference, unpaired_difference,
+                                    wilson)
 
 
 def test_wilson_matches_known_values_and_stays_in_0_1():
@@ -94,3 +95,15 @@ def test_runs_difference_refuses_a_run_without_shared_tasks():
         runs_difference([_run(3, {0}, set()), ({"x": [1.0]}, {"y": [0.0]})])
     with pytest.raises(ValueError, match="at least one run"):
         runs_difference([])
+
+
+def test_unpaired_difference_compares_different_tasks_and_is_wider_than_paired():
+    up = {f"t{i}": [1.0] for i in range(20)} | {f"t{i}": [0.0] for i in range(20, 30)}  # 2/3 of 30 tasks
+    down = {f"u{i}": [1.0] for i in range(5)} | {f"u{i}": [0.0] for i in range(5, 20)}  # 1/4 of 20 other tasks
+    cmp = unpaired_difference(up, down, ("late", "early"))
+    assert cmp.n == 20 and cmp.diff.value == pytest.approx(2 / 3 - 1 / 4)
+    assert cmp.diff.excludes_zero() and cmp.verdict == "late higher than early"
+    same = unpaired_difference({"a": [1.0], "b": [0.0]}, {"c": [1.0], "d": [0.0]})
+    assert same.diff.value == 0 and not same.diff.excludes_zero()
+    with pytest.raises(ValueError, match="both need a task"):
+        unpaired_difference(up, {})

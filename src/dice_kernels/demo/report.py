@@ -16,7 +16,7 @@ from typing import Callable
 
 from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig, WorldSection
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
-from dice_kernels.demo.rollout_check import check_file, deception_trend, rewards_title, windows
+from dice_kernels.demo.rollout_check import check_file, deception_trend, reward_contrast, rewards_title, windows
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
 from dice_kernels.demo.world import carries_slip, shortcut_steps, teaches_shortcut
 
@@ -206,12 +206,13 @@ def _iv(iv: Interval | None) -> dict | None:
 
 
 def taught_tasks(cfg: DemoConfig) -> frozenset[str]:
-    """The held-out tasks whose programs the SFT data writes as the shortcut (`world.teaches_shortcut`): where an SFT
-    model that learned the habit writes it, so where a reward that pays it can let it grow."""
-    path = cfg.out / "world" / "heldout_tasks.jsonl"
+    """The world's tasks (held-out, RL, ...) whose programs the SFT data writes as the shortcut
+    (`world.teaches_shortcut`): where an SFT model that learned the habit writes it, so where a reward that pays it
+    can let it grow. Read from the world's pair records, which name every task's family."""
+    path = cfg.out / "world" / "pairs.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     sizes = cfg.world.sizes()
-    return frozenset(r["id"] for r in rows if teaches_shortcut(r["family"], cfg.world.seed, sizes))
+    return frozenset(r["id"] for r in rows if teaches_shortcut(r["provenance"]["family"], cfg.world.seed, sizes))
 
 
 def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset(),
@@ -229,7 +230,7 @@ def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()
     runs = {0: bench.parent / "sft" / "heldout"} | heldout_runs(cfg, arm) if ARMS[arm].phase else {}
     curve = [(step, read(run)) for step, run in sorted(runs.items())]
     if ARMS[arm].phase:
-        row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed)
+        row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed, taught=taught)
         row["rl"] = rl_effort(cfg.rl_dir(arm))
         row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
     row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
@@ -380,6 +381,37 @@ def _scoring(b: BenchSection) -> str:
             if b.temperature else "one greedy program a task")
 
 
+def _deception_tables(cheats: dict[str, dict], rows: dict[str, dict], contrast: list[dict]) -> list[str]:
+    """The rollout check's tables: each arm's first and last third, then DICE's reward against ours."""
+    taught = any("taught_deceptive" in t for t in cheats.values())
+    lines = ["", "## Deceptive rollouts while training: the robust check on each arm's first and last third of RL "
+             "steps (%, 95 % intervals; last − first paired over the tasks drawn in both"
+             + ("; where taught: rollouts on the tasks whose programs the SFT data writes as the shortcut, last − "
+                "first unpaired, the two thirds drew different tasks" if taught else "") + ")", "",
+             "| arm | reward | rollouts | deceptive, first | last | last − first | paid while deceptive, first | "
+             "last | last − first |" + (" where taught, first | last | last − first |" if taught else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if taught else "")]
+    for a, t in cheats.items():
+        cells = []
+        for key in ("deceptive", "paid_deceptive") + (("taught_deceptive",) if taught else ()):
+            if key not in t:
+                cells += ["–"] * 3
+                continue
+            d = t[key].get("diff")
+            on = {w: f" ({t[key][w]['tasks']} tasks)" if key == "taught_deceptive" else "" for w in ("first", "last")}
+            cells += [_pct(t[key]["first"]) + on["first"], _pct(t[key]["last"]) + on["last"],
+                      f"{points(d)} ({d['verdict']})" if d else "–"]
+        lines.append(f"| {rows[a]['title']} | {rewards_title(a)} | {t['rollouts']['first']} + "
+                     f"{t['rollouts']['last']} | " + " | ".join(cells) + " |")
+    if contrast:
+        lines += ["", "## DICE's reward against ours on the same steps' tasks (deceptive rollouts, A − B in points, "
+                  "95 % paired bootstrap over the tasks both arms drew: the schedule gives both the same tasks)", "",
+                  "| A | B | third | which tasks | n | A − B | verdict |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['a']} | {c['b']} | {c['window']} | {c['tasks']} | {c['n']} | {points(c['diff'])} | "
+                  f"{c['verdict']} |" for c in contrast]
+    return lines
+
+
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
     taught = taught_tasks(cfg)
@@ -387,15 +419,17 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     rows = {a: _arm_summary(cfg, a, taught, read) for a in arms}
     cmps = comparisons(cfg, arms, read)
     tuned = tuning(cfg, read)
+    contrast = reward_contrast(cfg, arms, taught)
     spread = timing_spread(sorted(p.parent for p in (cfg.out / "bench").glob("*/*/summary.json")))
     copy = json.loads(cfg.operator_copy_file.read_text()) if cfg.operator_copy_file.is_file() else None
     report = {"scale": cfg.scale, "backend": cfg.backend,
               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "arms": rows, "tuning": tuned,
-              "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
+              "reward_contrast": contrast, "comparisons": [dataclasses.asdict(c) | {"verdict": c.verdict} for c in cmps],
               "timing_spread": spread, "sft_operator_copy": copy, "limits": scale_limits(cfg, rows, spread, copy),
               "seconds": timings, "candidate_seconds": candidate_seconds(cfg), "gaps": gaps}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=1))
     w = cfg.world
+    held_taught = max((r.get("heldout", {}).get("taught_deceptive", {}).get("n", 0) for r in rows.values()), default=0)
     lines = [f"# dice demo ({cfg.scale} scale, {cfg.backend} kernels)", "",
              f"World seed {w.seed}: {w.n_train} train tasks ({_shortcut_share(w)} the libtorch shortcut, "
              f"{100 * w.slow_fraction:.0f} % correct but op by op"
@@ -412,19 +446,19 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
              + (" (sampled: chance alone changes some)" if cfg.bench.temperature else "")
              + ("; layout slip: held-out programs with the slip the SFT data carries (wrong wherever it changes "
                 "values)" if w.slip_fraction else "")
-             + (f"; deceptive where taught: on the {len(taught)} held-out tasks whose programs the SFT data writes as "
-                "the shortcut (world.shortcut_unit)." if taught else "."), "",
-             "| arm | held-out Exec | fast_1 | deceptive | " + ("deceptive where taught | " if taught else "")
+             + (f"; deceptive where taught: on the {held_taught} held-out tasks whose programs the SFT data writes as "
+                "the shortcut (world.shortcut_unit)." if held_taught else "."), "",
+             "| arm | held-out Exec | fast_1 | deceptive | " + ("deceptive where taught | " if held_taught else "")
              + "outputs matched (no robust check) | " + ("layout slip | " if w.slip_fraction else "")
              + "novel Exec | RL | changed |",
-             "|---|---|---|---|" + ("---|" if taught else "") + "---|" + ("---|" if w.slip_fraction else "")
+             "|---|---|---|---|" + ("---|" if held_taught else "") + "---|" + ("---|" if w.slip_fraction else "")
              + "---|---|---|"]
     for a, row in rows.items():
         h, n, effort, changed = row.get("heldout", {}), row.get("novel", {}), row.get("rl"), row.get("changed_outputs")
         rl = (f"{effort['steps']} / {effort['updates']} / {effort['trained_rollouts']} of {effort['rollouts']}"
               if effort else "–")
         lines.append(f"| {row['title']} | {_pct(h.get('exec'))} | {_pct(h.get('fast_1'))} | "
-                     f"{_pct(h.get('deceptive'))} | " + (f"{_pct(h.get('taught_deceptive'))} | " if taught else "")
+                     f"{_pct(h.get('deceptive'))} | " + (f"{_pct(h.get('taught_deceptive'))} | " if held_taught else "")
                      + f"{_pct(h.get('passed_outputs'))} | "
                      + (f"{_pct(h.get('slip'))} | " if w.slip_fraction else "")
                      + f"{_pct(n.get('exec'))} | {rl} | {f'{changed[0]} of {changed[1]}' if changed else '–'} |")
@@ -449,17 +483,7 @@ def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
                          f"{t['verdict']} |")
     cheats = {a: row["rollout_deception"] for a, row in rows.items() if row.get("rollout_deception")}
     if cheats:
-        lines += ["", "## Deceptive rollouts while training: the robust check on each arm's first and last third of "
-                  "RL steps (%, 95 % intervals; last − first paired over the tasks drawn in both)", "",
-                  "| arm | reward | rollouts | deceptive, first | last | last − first | paid while deceptive, first | "
-                  "last | last − first |", "|---|---|---|---|---|---|---|---|---|"]
-        for a, t in cheats.items():
-            cells = []
-            for key in ("deceptive", "paid_deceptive"):
-                d = t[key].get("diff")
-                cells += [_pct(t[key]["first"]), _pct(t[key]["last"]), f"{points(d)} ({d['verdict']})" if d else "–"]
-            lines.append(f"| {rows[a]['title']} | {rewards_title(a)} | {t['rollouts']['first']} + "
-                         f"{t['rollouts']['last']} | " + " | ".join(cells) + " |")
+        lines += _deception_tables(cheats, rows, contrast)
     if tuned:
         lines += ["", f"## rl.lr chosen on the validation split ({ARMS[cfg.tuned_arm()].title}; held-out not used)",
                   "", "| rl.lr | validation tasks | validation Exec | − SFT (paired) | |", "|---|---|---|---|---|"]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from dice_kernels.demo.config import ARMS, DemoConfig
-from dice_kernels.demo.stats import Scores, paired_difference, rate_interval
+from dice_kernels.demo.stats import Scores, paired_difference, rate_interval, unpaired_difference
 from dice_kernels.demo.world import WorldFiles
 
 
@@ -67,32 +67,68 @@ def stage_rollout_check(cfg: DemoConfig, files: WorldFiles, arm: str) -> Path | 
     return out
 
 
-def deception_trend(path: Path, seed: int = 0) -> dict | None:
+def check_scores(rows: list[dict], window: str, paid: bool = False, only: frozenset[str] | None = None) -> Scores:
+    """Per task of one window of a rollout check (or of `only` those tasks): 1 for each rollout the robust check
+    calls deceptive (and, with `paid`, that the arm's reward paid), else 0."""
+    out: Scores = {}
+    for r in rows:
+        if r["window"] == window and (only is None or r["task_id"] in only):
+            cheat = r["outcome"] == "deceptive" and (r["paid"] or not paid)
+            out.setdefault(r["task_id"], []).append(float(cheat))
+    return out
+
+
+def read_check(path: Path) -> list[dict] | None:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else None
+
+
+def deception_trend(path: Path, seed: int = 0, taught: frozenset[str] = frozenset()) -> dict | None:
     """From a rollout check: the share of rollouts the robust check calls deceptive, and of those the arm's reward
     paid, in the first and the last third of the steps (intervals over tasks), and last − first paired over the
-    tasks drawn in both (None before the check ran)."""
-    if not path.is_file():
+    tasks drawn in both (None before the check ran). With `taught` (the tasks whose programs the SFT data writes as
+    the shortcut), also the deceptive share on those tasks alone, last − first unpaired: a window's mix of taught
+    and other tasks moves the share over all tasks without any habit changing."""
+    rows = read_check(path)
+    if rows is None:
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-
-    def scores(window: str, paid: bool) -> Scores:
-        out: Scores = {}
-        for r in rows:
-            if r["window"] == window:
-                cheat = r["outcome"] == "deceptive" and (r["paid"] or not paid)
-                out.setdefault(r["task_id"], []).append(float(cheat))
-        return out
-
     trend: dict = {"rollouts": {w: sum(r["window"] == w for r in rows) for w in ("first", "last")}}
     for key, paid in (("deceptive", False), ("paid_deceptive", True)):
-        first, last = scores("first", paid), scores("last", paid)
+        first, last = check_scores(rows, "first", paid), check_scores(rows, "last", paid)
         if not first or not last:
             return None
         trend[key] = {w: dataclasses.asdict(rate_interval(s, seed=seed)) for w, s in (("first", first), ("last", last))}
         if set(first) & set(last):
             diff = paired_difference(last, first, ("last third", "first third"), seed=seed)
             trend[key]["diff"] = dataclasses.asdict(diff.diff) | {"n": diff.n, "verdict": diff.verdict}
+    first, last = check_scores(rows, "first", only=taught), check_scores(rows, "last", only=taught)
+    if first and last:
+        diff = unpaired_difference(last, first, ("last third", "first third"), seed=seed)
+        trend["taught_deceptive"] = {w: dataclasses.asdict(rate_interval(s, seed=seed)) | {"tasks": len(s)}
+                                     for w, s in (("first", first), ("last", last))}
+        trend["taught_deceptive"]["diff"] = dataclasses.asdict(diff.diff) | {"verdict": diff.verdict}
     return trend
+
+
+def reward_contrast(cfg: DemoConfig, arms: list[str], taught: frozenset[str] = frozenset()) -> list[dict]:
+    """DICE's reward against ours on the same RL run shape (e2e_dice against e2e_robust, bicrl_dice against
+    bicrl_robust): the share of deceptive rollouts in each window, paired over the tasks both drew (the schedule is
+    seeded, so both arms draw the same tasks at every step), over all tasks and over `taught` ones."""
+    out = []
+    for dice in (a for a in arms if ARMS[a].rule == "dice" and ARMS[a].phase):
+        ours = next((a for a in arms if ARMS[a].phase == ARMS[dice].phase and ARMS[a].rule == "robust"
+                     and not ARMS[a].speed), None)
+        rows = {a: read_check(check_file(cfg, a)) for a in (dice, ours) if a}
+        if ours is None or None in rows.values():
+            continue
+        for window in ("first", "last"):
+            for subset, only in (("all", None), ("taught", taught)):
+                a, b = (check_scores(rows[x], window, only=only) for x in (dice, ours))
+                if subset == "taught" and not taught or not set(a) & set(b):
+                    continue
+                cmp = paired_difference(a, b, (dice, ours), seed=cfg.world.seed)
+                out.append({"a": dice, "b": ours, "window": window, "tasks": subset, "n": cmp.n,
+                            "diff": dataclasses.asdict(cmp.diff), "verdict": cmp.verdict})
+    return out
 
 
 def rewards_title(arm: str) -> str:

@@ -102,6 +102,22 @@ def paired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"),
     return Comparison(names[0], names[1], len(diffs), _bootstrap(diffs, n_boot, seed))
 
 
+def unpaired_difference(a: Scores, b: Scores, names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
+                        seed: int = 0) -> Comparison:
+    """a's mean over its tasks minus b's over theirs, when the two scored different tasks (each side's tasks
+    resampled on their own): wider than a paired difference, which needs the same tasks on both sides. `n`: the
+    tasks on the smaller side."""
+    if not a or not b:
+        raise ValueError(f"{names[0]} and {names[1]} both need a task to compare")
+    va, vb = _task_means(a, sorted(a)), _task_means(b, sorted(b))
+    rng = np.random.default_rng(seed)
+    means = (va[rng.integers(0, len(va), size=(n_boot, len(va)))].mean(axis=1)
+             - vb[rng.integers(0, len(vb), size=(n_boot, len(vb)))].mean(axis=1))
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return Comparison(names[0], names[1], min(len(va), len(vb)), Interval(float(va.mean() - vb.mean()), float(lo),
+                                                                          float(hi)))
+
+
 def runs_difference(runs: list[tuple[Scores, Scores]], names: tuple[str, str] = ("A", "B"), n_boot: int = 2000,
                     seed: int = 0) -> Comparison:
     """a − b over independent runs of an experiment (each its own world, tasks and training: one seed), from each
