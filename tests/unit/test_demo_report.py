@@ -288,13 +288,13 @@ def test_sigterm_stops_a_demo_like_ctrl_c_and_the_stage_records_its_seconds(tmp_
     assert "sft" in json.loads((tmp_path / "timings-stopped.json").read_text())
 
 
-def _bench(run: Path, correct: int, n: int = 20) -> None:
-    """A finished bench run of n tasks whose first `correct` are correct."""
+def _bench(run: Path, correct: int, n: int = 20, deceptive: int = 0) -> None:
+    """A finished bench run of n tasks whose first `correct` are correct and the next `deceptive` deceptive."""
     from dice_kernels.harness.outcomes import EvalResult, Outcome
 
     run.mkdir(parents=True)
-    rows = [EvalResult(f"t{k}", f"t{k}#s0", str(k), Outcome.CORRECT if k < correct else Outcome.VALUE_MISMATCH)
-            for k in range(n)]
+    rows = [EvalResult(f"t{k}", f"t{k}#s0", str(k), Outcome.CORRECT if k < correct else
+                       Outcome.DECEPTIVE if k < correct + deceptive else Outcome.VALUE_MISMATCH) for k in range(n)]
     (run / "results.jsonl").write_text("".join(json.dumps(r.to_row()) + "\n" for r in rows))
     (run / "summary.json").write_text("{}")
 
@@ -313,6 +313,20 @@ def test_rl_arms_of_different_lengths_are_also_compared_at_the_steps_both_export
     assert found[("bicrl_robust (exec, step 8)", "e2e_robust (exec, step 8)")] == 0
     # exec and fast_1 against SFT (no slip in this world), the two above, and e2e_robust's deceptive share
     assert len(found) == 2 * 2 + 2 + 1 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0
+
+
+def test_bicrl_is_set_against_e2e_rl_on_deceptive_programs_under_dices_reward(tmp_path):
+    """BiC-RL's claim (its infilling phase leaves fewer deceptive programs where the reward pays cheats): DICE's-reward
+    BiC-RL against DICE's-reward e2e RL on the deceptive share, at the ends and at the step both exported."""
+    cfg = DemoConfig(out=tmp_path, arms=("sft", "e2e_dice", "bicrl_dice"),
+                     rl=RLSection(infill_steps=4, e2e_steps=12, export_every=8))
+    for run, deceptive in (("sft/heldout", 2), ("bicrl_dice/heldout", 1), ("bicrl_dice/heldout-step-00000008", 2),
+                           ("e2e_dice/heldout", 6), ("e2e_dice/heldout-step-00000008", 4)):
+        _bench(tmp_path / "bench" / run, 5, deceptive=deceptive)
+    found = {(c.a, c.b): round(c.diff.value * 20) for c in comparisons(cfg, list(cfg.arms))}
+    assert found[("bicrl_dice (deceptive, 16 steps)", "e2e_dice (deceptive, 12 steps)")] == -5
+    assert found[("bicrl_dice (deceptive, step 8)", "e2e_dice (deceptive, step 8)")] == -2
+    assert found[("e2e_dice (deceptive)", "sft (deceptive)")] == 4
 
 
 def test_the_report_counts_deceptive_programs_where_the_sft_data_teaches_the_shortcut(tmp_path):
