@@ -16,7 +16,8 @@ from typing import Callable
 
 from dice_kernels.demo.config import ARMS, BenchSection, DemoConfig, WorldSection
 from dice_kernels.demo.prompt_reading import GUESSING_BELOW
-from dice_kernels.demo.rollout_check import check_file, deception_trend, reward_contrast, rewards_title, windows
+from dice_kernels.demo.rollout_check import (CheckReader, check_file, deception_trend, read_check, reward_contrast,
+                                             rewards_title, windows)
 from dice_kernels.demo.stats import Comparison, Interval, Scores, paired_difference, rate_interval
 from dice_kernels.demo.world import carries_slip, shortcut_steps, teaches_shortcut
 
@@ -217,7 +218,7 @@ def taught_tasks(cfg: DemoConfig) -> frozenset[str]:
 
 
 def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset(),
-                 read: ScoresReader = bench_scores) -> dict:
+                 read: ScoresReader = bench_scores, read_rows: CheckReader = read_check) -> dict:
     bench = cfg.out / "bench" / arm
     row: dict = {"title": ARMS[arm].title}
     for split in ("heldout", "novel"):
@@ -231,7 +232,8 @@ def _arm_summary(cfg: DemoConfig, arm: str, taught: frozenset[str] = frozenset()
     runs = {0: bench.parent / "sft" / "heldout"} | heldout_runs(cfg, arm) if ARMS[arm].phase else {}
     curve = [(step, read(run)) for step, run in sorted(runs.items())]
     if ARMS[arm].phase:
-        row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed, taught=taught)
+        row["rollout_deception"] = deception_trend(check_file(cfg, arm), seed=cfg.world.seed, taught=taught,
+                                                   read=read_rows)
         row["rl"] = rl_effort(cfg.rl_dir(arm))
         row["changed_outputs"] = changed_outputs(bench / "heldout", bench.parent / "sft" / "heldout")
     row["heldout_curve"] = [{"step": s, "exec": _iv(rate_interval(sc["exec"]))} for s, sc in curve if sc and sc["exec"]]
@@ -416,11 +418,12 @@ def _deception_tables(cheats: dict[str, dict], rows: dict[str, dict], contrast: 
 def write_report(cfg: DemoConfig, timings: dict, gaps: list[dict]) -> dict:
     arms = [a for a in cfg.arms if (cfg.out / "bench" / a / "heldout" / "summary.json").is_file()]
     taught = taught_tasks(cfg)
-    read = cache(bench_scores)  # each bench run read once (results and program files), however many rows use it
-    rows = {a: _arm_summary(cfg, a, taught, read) for a in arms}
+    # each bench run and rollout check read once (results and program files), however many rows use it
+    read, read_rows = cache(bench_scores), cache(read_check)
+    rows = {a: _arm_summary(cfg, a, taught, read, read_rows) for a in arms}
     cmps = comparisons(cfg, arms, read)
     tuned = tuning(cfg, read)
-    contrast = reward_contrast(cfg, arms, taught)
+    contrast = reward_contrast(cfg, arms, taught, read_rows)
     spread = timing_spread(sorted(p.parent for p in (cfg.out / "bench").glob("*/*/summary.json")))
     copy = json.loads(cfg.operator_copy_file.read_text()) if cfg.operator_copy_file.is_file() else None
     report = {"scale": cfg.scale, "backend": cfg.backend,

@@ -10,6 +10,7 @@ import dataclasses
 import gzip
 import json
 from pathlib import Path
+from typing import Callable
 
 from dice_kernels.demo.config import ARMS, DemoConfig
 from dice_kernels.demo.stats import Scores, paired_difference, rate_interval, unpaired_difference
@@ -78,17 +79,23 @@ def check_scores(rows: list[dict], window: str, paid: bool = False, only: frozen
     return out
 
 
+CheckReader = Callable[[Path], "list[dict] | None"]  # read_check, or a caching wrapper of it
+
+
 def read_check(path: Path) -> list[dict] | None:
+    """A rollout check's rows (None before the check ran)."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else None
 
 
-def deception_trend(path: Path, seed: int = 0, taught: frozenset[str] = frozenset()) -> dict | None:
+def deception_trend(path: Path, seed: int = 0, taught: frozenset[str] = frozenset(),
+                    read: CheckReader = read_check) -> dict | None:
     """From a rollout check: the share of rollouts the robust check calls deceptive, and of those the arm's reward
     paid, in the first and the last third of the steps (intervals over tasks), and last − first paired over the
     tasks drawn in both (None before the check ran). With `taught` (the tasks whose programs the SFT data writes as
     the shortcut), also the deceptive share on those tasks alone, last − first unpaired: a window's mix of taught
-    and other tasks moves the share over all tasks without any habit changing."""
-    rows = read_check(path)
+    and other tasks moves the share over all tasks without any habit changing. `read`: read_check or a caching
+    wrapper of it, when another view reads the same check."""
+    rows = read(path)
     if rows is None:
         return None
     trend: dict = {"rollouts": {w: sum(r["window"] == w for r in rows) for w in ("first", "last")}}
@@ -109,7 +116,8 @@ def deception_trend(path: Path, seed: int = 0, taught: frozenset[str] = frozense
     return trend
 
 
-def reward_contrast(cfg: DemoConfig, arms: list[str], taught: frozenset[str] = frozenset()) -> list[dict]:
+def reward_contrast(cfg: DemoConfig, arms: list[str], taught: frozenset[str] = frozenset(),
+                    read: CheckReader = read_check) -> list[dict]:
     """DICE's reward against ours on the same RL run shape (e2e_dice against e2e_robust, bicrl_dice against
     bicrl_robust): the share of deceptive rollouts in each window, paired over the tasks both drew (the schedule is
     seeded, so both arms draw the same tasks at every step), over all tasks and over `taught` ones."""
@@ -117,13 +125,13 @@ def reward_contrast(cfg: DemoConfig, arms: list[str], taught: frozenset[str] = f
     for dice in (a for a in arms if ARMS[a].rule == "dice" and ARMS[a].phase):
         ours = next((a for a in arms if ARMS[a].phase == ARMS[dice].phase and ARMS[a].rule == "robust"
                      and not ARMS[a].speed), None)
-        rows = {a: read_check(check_file(cfg, a)) for a in (dice, ours) if a}
+        rows = {a: read(check_file(cfg, a)) for a in (dice, ours) if a}
         if ours is None or None in rows.values():
             continue
         for window in ("first", "last"):
             for subset, only in (("all", None), ("taught", taught)):
                 a, b = (check_scores(rows[x], window, only=only) for x in (dice, ours))
-                if subset == "taught" and not taught or not set(a) & set(b):
+                if (subset == "taught" and not taught) or not set(a) & set(b):
                     continue
                 cmp = paired_difference(a, b, (dice, ours), seed=cfg.world.seed)
                 out.append({"a": dice, "b": ours, "window": window, "tasks": subset, "n": cmp.n,
