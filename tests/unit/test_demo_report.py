@@ -311,8 +311,9 @@ def test_rl_arms_of_different_lengths_are_also_compared_at_the_steps_both_export
     assert found[("bicrl_robust (exec)", "sft (exec)")] == 12 and found[("e2e_robust (exec)", "sft (exec)")] == 8
     assert found[("bicrl_robust (exec, 16 steps)", "e2e_robust (exec, 12 steps)")] == 4
     assert found[("bicrl_robust (exec, step 8)", "e2e_robust (exec, step 8)")] == 0
-    # exec and fast_1 against SFT (no slip in this world), the two above, and e2e_robust's deceptive share
-    assert len(found) == 2 * 2 + 2 + 1 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0
+    # exec and fast_1 against SFT (no slip in this world), the two above, and each arm's deceptive share against SFT's
+    assert len(found) == 2 * 2 + 2 + 2 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0
+    assert found[("bicrl_robust (deceptive)", "sft (deceptive)")] == 0
 
 
 def test_bicrl_is_set_against_e2e_rl_on_deceptive_programs_under_dices_reward(tmp_path):
@@ -327,6 +328,17 @@ def test_bicrl_is_set_against_e2e_rl_on_deceptive_programs_under_dices_reward(tm
     assert found[("bicrl_dice (deceptive, 16 steps)", "e2e_dice (deceptive, 12 steps)")] == -5
     assert found[("bicrl_dice (deceptive, step 8)", "e2e_dice (deceptive, step 8)")] == -2
     assert found[("e2e_dice (deceptive)", "sft (deceptive)")] == 4
+
+
+def test_dices_reward_is_set_against_ours_on_deceptive_programs_arm_for_arm(tmp_path):
+    """The rewards' own question on the held-out set: how many more deceptive programs the arm trained under DICE's
+    reward leaves than its twin under ours (an H100 run: 12 against 5 of 128), beside each against SFT."""
+    cfg = DemoConfig(out=tmp_path, arms=("sft", "e2e_dice", "e2e_robust"), rl=RLSection(e2e_steps=12, export_every=0))
+    for run, deceptive in (("sft/heldout", 6), ("e2e_dice/heldout", 6), ("e2e_robust/heldout", 2)):
+        _bench(tmp_path / "bench" / run, 5, deceptive=deceptive)
+    found = {(c.a, c.b): round(c.diff.value * 20) for c in comparisons(cfg, list(cfg.arms))}
+    assert found[("e2e_dice (deceptive)", "e2e_robust (deceptive)")] == 4
+    assert found[("e2e_robust (deceptive)", "sft (deceptive)")] == -4 and found[("e2e_dice (deceptive)", "sft (deceptive)")] == 0
 
 
 def test_the_report_counts_deceptive_programs_where_the_sft_data_teaches_the_shortcut(tmp_path):

@@ -26,11 +26,14 @@ from dice_kernels.demo.world import carries_slip, shortcut_steps, teaches_shortc
 # world.slip_fraction's layout slip (the bug RL should unlearn)
 MEASURES = ("exec", "fast_1", "deceptive", "passed_outputs", "slip")
 # the comparisons the report states, (a, b, measure): each RL arm against SFT, then the questions of the design
-# (BiC-RL's claim among them: under a reward that pays cheats, its infilling phase leaves fewer deceptive programs)
+# (BiC-RL's claim among them: under a reward that pays cheats, its infilling phase leaves fewer deceptive programs;
+# and the rewards' own: how many more deceptive programs DICE's leaves than ours, arm for arm)
 COMPARISONS = (("bicrl_robust", "e2e_robust", "exec"), ("e2e_robust", "e2e_dice", "exec"),
                ("bicrl_robust", "bicrl_dice", "exec"), ("e2e_dice", "sft", "deceptive"),
                ("bicrl_dice", "sft", "deceptive"), ("e2e_robust", "sft", "deceptive"),
-               ("bicrl_dice", "e2e_dice", "deceptive"), ("e2e_speed", "e2e_robust", "fast_1"))
+               ("bicrl_robust", "sft", "deceptive"), ("e2e_dice", "e2e_robust", "deceptive"),
+               ("bicrl_dice", "bicrl_robust", "deceptive"), ("bicrl_dice", "e2e_dice", "deceptive"),
+               ("e2e_speed", "e2e_robust", "fast_1"))
 
 
 ScoresReader = Callable[[Path], "dict[str, Scores] | None"]  # bench_scores, or a caching wrapper of it
