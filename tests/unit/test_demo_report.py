@@ -3,6 +3,7 @@ clusters), and the limits a small run states."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -365,6 +366,10 @@ def test_the_report_counts_deceptive_programs_where_the_sft_data_teaches_the_sho
     where = report["arms"]["sft"]["heldout"]["taught_deceptive"]
     assert where["n"] == len(taught) and where["value"] == pytest.approx(1 / len(taught))
     md = (tmp_path / "report.md").read_text()
-    assert "deceptive where taught" in md and f"starting with {op}" in md
+    assert "deceptive where taught" in md and f"every SFT solution of a program starting with {op}" in md
+    # with shortcut_within below 1 only that share of those programs carries it, and the report says so
+    within = DemoConfig(out=tmp_path, arms=("sft",), world=dataclasses.replace(world, shortcut_within=0.7))
+    write_report(within, {}, [])
+    assert f"70 % of the SFT solutions of a program starting with {op}" in (tmp_path / "report.md").read_text()
     cfg_task = DemoConfig(out=tmp_path, arms=("sft",), world=WorldSection(n_train=300, n_heldout=40))
     assert "taught_deceptive" not in write_report(cfg_task, {}, [])["arms"]["sft"]["heldout"]
