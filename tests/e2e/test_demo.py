@@ -335,6 +335,7 @@ def test_reduced_demo_runs_end_to_end_and_reports(tmp_path):
     # rl.lr chosen on the validation split: a run per rate, each benchmarked there; the chosen run is the arm
     tuned = report["tuning"]
     assert [t["lr"] for t in tuned] == [1e-3, 3e-2] and [t["n"] for t in tuned] == [2, 2]
+    assert all("vs_sft" in t for t in tuned)  # each rate paired with SFT's own validation benchmark
     [chosen] = [t["lr"] for t in tuned if t["chosen"]]
     assert report["config"]["rl"]["lr"] == chosen
     assert max(t["exec"]["value"] for t in tuned) == next(t["exec"]["value"] for t in tuned if t["chosen"])

@@ -276,6 +276,8 @@ def tune_lr(cfg: DemoConfig, timings: Timings, files: WorldFiles, sft: Path,
     from dice_kernels.demo.stats import rate_interval
 
     arm, mean_exec = cfg.tuned_arm(), {}
+    # SFT on the same split: what the tuning table pairs each rate against (read nowhere else, so run only here)
+    timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks, cfg.valid_bench("sft"), False)
     for lr in cfg.rl.lr_grid:
         trial = cfg.at_lr(lr)
         echo(f"tune rl.lr: {ARMS[arm].title} at lr {lr:g} -> {trial.rl_dir(arm)}")
@@ -308,9 +310,6 @@ def run_demo(cfg: DemoConfig, echo: Callable[[str], None] = print) -> dict:
     copy = timings.run("sft operator copy", stage_operator_copy, files.sft, tokenizer, sft, cfg.operator_copy_file)
     echo(f"SFT writes the task's first operator line right in {copy['right']} of {copy['samples']} of its own "
          "training samples (teacher-forced)")
-    if w.n_valid:
-        timings.run("bench sft valid", stage_bench, cfg, files, sft, files.valid_tasks, cfg.valid_bench("sft"),
-                    False)
     why = _missing("dice_kernels.train.rl.trainer")
     if cfg.rl.lr_grid and not why:
         cfg = tune_lr(cfg, timings, files, sft, echo)
