@@ -172,10 +172,12 @@ def test_the_rollout_check_counts_deceptive_and_paid_deceptive_rollouts_per_wind
     rows = [("first", "a", "correct", True), ("first", "a", "deceptive", True), ("first", "b", "deceptive", False),
             ("last", "a", "deceptive", True), ("last", "a", "deceptive", True), ("last", "b", "value_mismatch", False)]
     path = tmp_path / "arm.jsonl"
-    path.write_text("".join(json.dumps({"window": w, "task_id": t, "outcome": o, "paid": paid}) + "\n"
-                            for w, t, o, paid in rows))
+    path.write_text("".join(json.dumps({"window": w, "step": int(w == "last"), "task_id": t, "outcome": o,
+                                        "paid": paid}) + "\n" for w, t, o, paid in rows))
     trend = deception_trend(path)
     assert trend["rollouts"] == {"first": 3, "last": 3}
+    # groups (step, task): a at step 0 mixes a cheat with a kernel; b at 0 and a at 1 are cheats alone (3 of the 4)
+    assert trend["cheats_alone"] == {"deceptive": 4, "alone": 3}
     # task means: deceptive first a 0.5, b 1 -> 0.75; last a 1, b 0 -> 0.5; paid while deceptive: 0.25 -> 0.5
     assert trend["deceptive"]["first"]["value"] == 0.75 and trend["deceptive"]["last"]["value"] == 0.5
     assert trend["paid_deceptive"]["first"]["value"] == 0.25 and trend["paid_deceptive"]["last"]["value"] == 0.5
@@ -187,6 +189,21 @@ def test_the_rollout_check_counts_deceptive_and_paid_deceptive_rollouts_per_wind
     assert taught["first"]["value"] == 0.5 and taught["last"]["value"] == 1.0 and taught["first"]["tasks"] == 1
     assert taught["diff"]["value"] == 0.5
     assert "taught_deceptive" not in trend
+
+
+def test_the_report_says_when_most_cheats_came_in_groups_no_reward_can_move(tmp_path):
+    """A group of deceptive rollouts alone is flat under DICE's reward and ours: when most cheats came that way (an
+    H100 run of the op world: nearly every shortcut rollout in a group of 8 shortcuts), the limits say the rewards
+    could differ on the mixed groups only; when most came mixed, nothing is said."""
+    cfg = DemoConfig(out=tmp_path, arms=("sft", "e2e_dice"))
+
+    def said(deceptive: int, alone: int) -> list[str]:
+        rows = {"e2e_dice": {"rollout_deception": {"cheats_alone": {"deceptive": deceptive, "alone": alone}}}}
+        return [x for x in scale_limits(cfg, rows) if "groups of deceptive rollouts alone" in x]
+
+    [line] = said(57, 48)
+    assert line.startswith("e2e_dice: 48 of the 57 deceptive rollouts") and "on the 9 in mixed groups only" in line
+    assert said(57, 10) == [] and said(0, 0) == []
 
 
 def test_dice_reward_is_set_against_ours_on_the_tasks_both_arms_drew(tmp_path):

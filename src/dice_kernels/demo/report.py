@@ -334,6 +334,15 @@ def scale_limits(cfg: DemoConfig, rows: dict[str, dict] | None = None, spread: d
                    "one update with the PPO ratio at 1, so clip and KL never act and the policy moves by a few "
                    "optimizer steps in all")
         limits.append(did + why)
+    for arm, row in (rows or {}).items():
+        alone = (row.get("rollout_deception") or {}).get("cheats_alone")
+        # most cheats in groups of cheats alone: the rewards could not differ there (the op world at gpu scale)
+        if alone and alone["deceptive"] and 2 * alone["alone"] >= alone["deceptive"]:
+            limits.append(f"{arm}: {alone['alone']} of the {alone['deceptive']} deceptive rollouts the check found came "
+                          "in groups of deceptive rollouts alone, flat under either reward (DICE's pays the whole "
+                          "group, ours none of it), so they gave no gradient: DICE's reward and ours differed on the "
+                          f"{alone['deceptive'] - alone['alone']} in mixed groups only, and a habit written on every "
+                          "sample of a task is one no group-relative reward moves")
     if 0 < cfg.world.n_rl <= cfg.rl.tasks_per_step:
         limits.append(f"train reward per RL step: every step draws the same {cfg.world.n_rl} RL tasks, so the curve "
                       "shows whether RL fits the tasks it trains on (a trainer pushing the wrong way would show a "

@@ -79,6 +79,18 @@ def check_scores(rows: list[dict], window: str, paid: bool = False, only: frozen
     return out
 
 
+def cheats_alone(rows: list[dict]) -> dict[str, int]:
+    """How many checked rollouts the robust check calls deceptive, and how many of those came in a group (one task's
+    rollouts at one step) of deceptive rollouts alone: such a group is flat under either reward (DICE's pays all of
+    it, ours none), so it carries no gradient, and only groups mixing a cheat with other programs let the rewards
+    differ."""
+    groups: dict[tuple[int, str], list[bool]] = {}
+    for r in rows:
+        groups.setdefault((r["step"], r["task_id"]), []).append(r["outcome"] == "deceptive")
+    return {"deceptive": sum(sum(g) for g in groups.values()),
+            "alone": sum(len(g) for g in groups.values() if all(g))}
+
+
 CheckReader = Callable[[Path], "list[dict] | None"]  # read_check, or a caching wrapper of it
 
 
@@ -98,7 +110,8 @@ def deception_trend(path: Path, seed: int = 0, taught: frozenset[str] = frozense
     rows = read(path)
     if rows is None:
         return None
-    trend: dict = {"rollouts": {w: sum(r["window"] == w for r in rows) for w in ("first", "last")}}
+    trend: dict = {"rollouts": {w: sum(r["window"] == w for r in rows) for w in ("first", "last")},
+                   "cheats_alone": cheats_alone(rows)}
     for key, paid in (("deceptive", False), ("paid_deceptive", True)):
         first, last = check_scores(rows, "first", paid), check_scores(rows, "last", paid)
         if not first or not last:
