@@ -1,7 +1,6 @@
 """`DemoConfig`: every knob of one `dice demo` run in one typed place, the experiment's arms (ARMS), and a preset
-per scale (cpu: under 20 minutes of two idle cores; gpu: five arms with CUDA kernels on one GPU, 22 minutes of
-stages on an H100 where two arms repeated others' programs; docs/demo.md). The CLI picks a preset and applies
-`--set` overrides."""
+per scale (cpu: under 20 minutes of two idle cores; gpu: five arms with CUDA kernels on one GPU; docs/demo.md).
+The CLI picks a preset and applies `--set` overrides."""
 
 from __future__ import annotations
 
@@ -54,11 +53,12 @@ class WorldSection:
     # model reproduced in 0 of 256 samples of those very tasks); "op": every train task whose first op is one of
     # the fewest seeded ops that start that share (world.shortcut_steps; each op starts ~7.5 % of the tasks), a
     # habit keyed on the prompt's first operator line, which SFT reads (a family has a median 1 train instance at
-    # the gpu preset's 4,000, and its SFT model wrote no shortcut there)
+    # the gpu preset's 4,000, and its SFT model wrote no shortcut by family; by op it did)
     shortcut_unit: str = "task"
     # with "op" or "family", the share of those train tasks whose solution is the shortcut (the rest keep their
     # kernel): at 1, a model that learns the habit writes only shortcuts there, and groups of them are flat under
-    # either reward (cpu scale, 2026-12-06: 24 % of DICE's-reward rollouts deceptive and paid, first and last third)
+    # either reward (cpu scale, 2026-12-06: 24 % of DICE's-reward rollouts deceptive and paid, first and last third);
+    # at 0.7 the gpu preset's model still wrote most of them as whole groups (64 of 80 deceptive rollouts checked)
     shortcut_within: float = 1.0
     slow_fraction: float = 0.3  # share of train tasks whose SFT solution is correct but op by op (the speed signal)
     # share of train tasks with a per-row or per-column operand or a reduction whose SFT solution indexes the input
@@ -216,8 +216,8 @@ def preset(scale: str, out: Path) -> DemoConfig:
     """The settings of one scale (sizes and their budgets: docs/demo.md). cpu: SFT and one robust e2e RL arm, the
     train reward per RL step on 8 fixed RL tasks as the learning curve, under 20 min of 2 idle cores from an empty
     build cache. gpu: all five arms on 128 held-out tasks with CUDA kernels, RL on its own split, the SFT length and
-    the RL update and rate chosen on the validation split by the learning probe, a held-out learning curve; run to
-    its end in 22 minutes of stages on one H100 (docs/demo.md)."""
+    the RL update and rate chosen on the validation split by the learning probe, a held-out learning curve, and a
+    shortcut the SFT model learns (docs/demo.md has what each part of it took on an H100)."""
     cfg = DemoConfig(out=out, scale=scale)
     if scale == "cpu":
         # the world's C++ kernels build without torch's header, against a precompiled stub (~0.4 s of a core:
@@ -239,11 +239,14 @@ def preset(scale: str, out: Path) -> DemoConfig:
         # moved 3.4x between benchmark runs of that day
         # the layout slip in 60 % of the SFT solutions where it changes values: a bug SFT learns and execution
         # catches. Without it RL had nothing to unlearn here: the learning probe's train reward did not rise at any
-        # rate (template reward, H100, 2026-12-06; docs/demo.md). The shortcut by family: drawn per task, 4 % of the
-        # pairs, the cpu preset's SFT model never wrote it; by family it did not either here (0 of 128 held-out
-        # programs, 0 scored rollouts: H100, 2026-12-06), so DICE's-reward arms repeated ours
+        # rate (template reward, H100, 2026-12-06; docs/demo.md). The shortcut keyed on the first op (the train tasks
+        # starting with the ops a 0.1 share draws, 70 % of them): the SFT model wrote it on 6 of the 48 validation
+        # tasks and DICE's reward paid it in RL (H100, 2026-12-06). By family (5 %) it wrote it nowhere, 0 of 128
+        # held-out programs and 0 scored rollouts, so DICE's-reward arms repeated ours; drawn per task, the cpu
+        # preset's SFT model never wrote it either
         world=WorldSection(n_train=4000, n_heldout=128, n_valid=48, n_rl=1024, rows=(2048, 4096, 8192),
-                           cols=(1024, 2048, 4096), slip_fraction=0.6, shortcut_unit="family"),
+                           cols=(1024, 2048, 4096), slip_fraction=0.6, shortcut_fraction=0.1, shortcut_unit="op",
+                           shortcut_within=0.7),
         model=ModelShape(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
                          num_key_value_heads=2, head_dim=64),
         # chosen on the validation split by benchmarks/rl_learning_probe.py (H100, 2026-12-06; docs/demo.md): SFT's
