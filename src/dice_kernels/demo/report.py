@@ -384,13 +384,13 @@ def points(d: dict) -> str:
 
 def _shortcut_share(w: WorldSection) -> str:
     """Which SFT solutions are the shortcut, as world.shortcut_unit chose them."""
-    within = "every" if w.shortcut_within == 1 else f"{100 * w.shortcut_within:.0f} % of the"
+    solutions = ("every SFT solution" if w.shortcut_within == 1
+                 else f"{100 * w.shortcut_within:.0f} % of the SFT solutions")
     if w.shortcut_unit == "op":
         ops = ", ".join(sorted(shortcut_steps(w.seed, w.shortcut_fraction)))
-        return f"{within} SFT solution{'' if w.shortcut_within == 1 else 's'} of a program starting with {ops or 'no op'}"
+        return f"{solutions} of a program starting with {ops or 'no op'}"
     if w.shortcut_unit == "family":
-        return f"{100 * w.shortcut_fraction:.0f} % of their families with {within} SFT solution" + \
-            ("" if w.shortcut_within == 1 else "s")
+        return f"{100 * w.shortcut_fraction:.0f} % of their families with {solutions}"
     return f"{100 * w.shortcut_fraction:.0f} % of their SFT solutions"
 
 
