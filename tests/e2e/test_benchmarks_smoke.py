@@ -308,3 +308,27 @@ def test_rl_step_rebuilds_the_batch_forwards_of_a_decode(monkeypatch, threshold,
     assert 0 < commits < forwards
     assert busy < 4 * forwards  # rows end in different forwards and idle in the batch until the last one ends
     assert out.stopped[1] == stop
+
+
+def test_shortcut_groups(tmp_path):
+    """The reading of programs tells every solution variant of the world apart (the shortcut from kernels on both
+    backends), and the smoke samples a tiny SFT model's groups on a taught validation task end to end."""
+    from dice_kernels.demo.world import FAST, SHORTCUT, SLIP, SLOW, build_world, solutions, WorldSizes
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from shortcut_groups import group_counts, program_kind
+    finally:
+        sys.path.remove(str(BENCH))
+    for task in build_world(0, WorldSizes(n_train=40, n_heldout=1))[:20]:
+        assert {program_kind(p) for p in solutions(task.spec, SHORTCUT)} == {"shortcut"}
+        for variant in (FAST, SLOW, SLIP):
+            assert {program_kind(p) for p in solutions(task.spec, variant)} == {"kernel"}, variant
+    assert program_kind("```python\nimport torch\n```") == "other"
+    assert group_counts([["shortcut"] * 2, ["shortcut", "kernel"], ["other", "kernel"]]) == {"alone": 1, "mixed": 1,
+                                                                                           "none": 1}
+    out = _smoke("shortcut_groups.py", "--out", "sg.json", cwd=tmp_path)
+    (row,) = _json(tmp_path / "sg.json")["results"]
+    assert row["samples"] == 2 * len(row["per_task"]) > 0
+    assert row["shortcut"] + row["kernel"] + row["other"] == row["samples"]
+    assert sum(row["groups"].values()) == len(row["per_task"]) and "| 0.7 | " in out
