@@ -1,6 +1,6 @@
 """harness/store.py's verdict cache through the Evaluator: with `reuse_verdicts`, a program evaluated in an earlier run gets that
 verdict without running (in a new evaluator, under another candidate id); another setting, or the option off,
-evaluates it again."""
+evaluates it again, except that an untimed run takes the same settings' timed verdict (without its times)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,14 @@ def test_an_earlier_verdict_is_given_without_running_and_only_under_the_same_set
     assert runs == 2
     _, runs = _evaluate(replace(config, reuse_verdicts=False), again[:2], tmp_path / "fourth")
     assert runs == 2
+
+    # untimed, the same settings' timed verdict is taken, its times dropped; timed, an untimed verdict never is
+    no_timing = replace(config, timing=replace(config.timing, enabled=False))
+    fifth, runs = _evaluate(no_timing, again[:2], tmp_path / "fifth")
+    assert runs == 0 and [(r.outcome.value, r.duplicate_of) for r in fifth] == [("correct", "a"), ("value_mismatch", "w")]
+    assert first[0].speedup is not None and fifth[0].speedup is None and fifth[0].timing is None
+    fresh = task_from_code(base.code + f"\n# {uuid.uuid4()}\n", id=base.id, name=base.name, level=base.level)
+    _, runs = _evaluate(no_timing, [(fresh, load_candidate(correct, id="u"))], tmp_path / "sixth")
+    assert runs == 1
+    timed, runs = _evaluate(config, [(fresh, load_candidate(correct, id="t"))], tmp_path / "seventh")
+    assert runs == 1 and timed[0].duplicate_of == "" and timed[0].speedup is not None

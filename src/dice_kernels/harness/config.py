@@ -306,7 +306,8 @@ class EvalConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     # give a program evaluated before (same task, syntax tree, settings, machine, torch and harness) that earlier
     # verdict, timing included, instead of running it again (harness/store.py's VerdictCache, in cache_dir): RL steps and a
-    # demo's arms meet the same programs again and again. Off: every call measures afresh
+    # demo's arms meet the same programs again and again. With timing off, also the same settings' timed verdict,
+    # its times dropped (a stricter check). Off: every call measures afresh
     reuse_verdicts: bool = False
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

@@ -201,6 +201,11 @@ class VerdictCache:
         self._db.close()
 
 
+def untimed(timed: EvalResult) -> EvalResult:
+    """A timed verdict as an untimed run reports it: the outcome and its checks, none of the times."""
+    return replace(timed, ref_time_ms=None, cand_time_ms=None, speedup=None, timing_trials=0, timing=None)
+
+
 def reused(earlier: EvalResult, task: Task, cand: Candidate) -> EvalResult:
     """An earlier verdict as this pair's result: this task's and candidate's names, `duplicate_of` the candidate
     it was evaluated for, and no seconds of work (none was done)."""
