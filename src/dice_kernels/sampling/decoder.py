@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -396,6 +397,12 @@ def kept_graphs(model: BlockDiffusionLM) -> dict[tuple[bool, int], torch.cuda.CU
 def release_graphs(model: BlockDiffusionLM) -> None:
     """Free the CUDA graphs, KV cache and buffers `decode` keeps for `model` (e.g. before a training update)."""
     _WORKSPACES.pop(model, None)
+    # A torch.compile'd frame that calls flex_attention keeps its inputs in a reference cycle (pytorch issue
+    # #195866; torch 2.13 too): compiled decoding's views of the KV cache, each holding the whole cache, outlive
+    # their calls until the cycle collector reaches them, which it need not do before the update allocates. The
+    # cache of 128 rows of 2,176 slots at SDAR-4B's shape is 38 GiB: about what an RL step's update found taken when
+    # it ran out of an H100's memory there.
+    gc.collect()
 
 
 def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg: SamplingConfig,
