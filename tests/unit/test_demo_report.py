@@ -327,8 +327,8 @@ def test_rl_arms_of_different_lengths_are_also_compared_at_the_steps_both_export
         _bench(tmp_path / "bench" / run, correct)
     found = {(c.a, c.b): round(c.diff.value * 20) for c in comparisons(cfg, list(cfg.arms))}
     assert found[("bicrl_robust (exec)", "sft (exec)")] == 12 and found[("e2e_robust (exec)", "sft (exec)")] == 8
-    assert found[("bicrl_robust (exec, 16 steps)", "e2e_robust (exec, 12 steps)")] == 4
-    assert found[("bicrl_robust (exec, step 8)", "e2e_robust (exec, step 8)")] == 0
+    assert found[("bicrl_robust (exec, 16 steps: 4 infilling + 12 end-to-end)", "e2e_robust (exec, 12 steps)")] == 4
+    assert found[("bicrl_robust (exec, step 8: 4 infilling + 4 end-to-end)", "e2e_robust (exec, step 8)")] == 0
     # exec and fast_1 against SFT (no slip in this world), the two above, and each arm's deceptive share against SFT's
     assert len(found) == 2 * 2 + 2 + 2 and found[("e2e_robust (deceptive)", "sft (deceptive)")] == 0
     assert found[("bicrl_robust (deceptive)", "sft (deceptive)")] == 0
@@ -343,8 +343,8 @@ def test_bicrl_is_set_against_e2e_rl_on_deceptive_programs_under_dices_reward(tm
                            ("e2e_dice/heldout", 6), ("e2e_dice/heldout-step-00000008", 4)):
         _bench(tmp_path / "bench" / run, 5, deceptive=deceptive)
     found = {(c.a, c.b): round(c.diff.value * 20) for c in comparisons(cfg, list(cfg.arms))}
-    assert found[("bicrl_dice (deceptive, 16 steps)", "e2e_dice (deceptive, 12 steps)")] == -5
-    assert found[("bicrl_dice (deceptive, step 8)", "e2e_dice (deceptive, step 8)")] == -2
+    assert found[("bicrl_dice (deceptive, 16 steps: 4 infilling + 12 end-to-end)", "e2e_dice (deceptive, 12 steps)")] == -5
+    assert found[("bicrl_dice (deceptive, step 8: 4 infilling + 4 end-to-end)", "e2e_dice (deceptive, step 8)")] == -2
     assert found[("e2e_dice (deceptive)", "sft (deceptive)")] == 4
 
 

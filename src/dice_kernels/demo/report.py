@@ -273,11 +273,18 @@ def heldout_runs(cfg: DemoConfig, arm: str) -> dict[int, Path]:
     return runs | {len(cfg.rl_phases(arm)) if ARMS[arm].phase else 0: bench / "heldout"}
 
 
+def phase_split(cfg: DemoConfig, arm: str, steps: int) -> str:
+    """What an arm's first `steps` RL steps were, for a comparison's label: ": 4 infilling + 12 end-to-end" for
+    BiC-RL, "" for end-to-end RL alone."""
+    infill = cfg.rl_phases(arm)[:steps].count("infill")
+    return f": {infill} infilling + {steps - infill} end-to-end" if infill else ""
+
+
 def comparisons(cfg: DemoConfig, arms: list[str], read: ScoresReader = bench_scores) -> list[Comparison]:
     """Paired differences on the held-out tasks: each RL arm's Exec and fast_1 (and in a world with the layout slip,
     its share of programs with it) against SFT, then COMPARISONS' questions. Two RL arms of different lengths
-    (BiC-RL adds its infilling steps to the end-to-end ones) are compared at their ends, labelled with their step
-    counts, and again at every RL step both exported: a longer arm's gain can be its extra steps alone."""
+    (BiC-RL adds its infilling steps to the end-to-end ones) are compared at their ends, labelled with what their
+    steps were, and again at every RL step both exported: a longer arm's gain can be its extra steps alone."""
     measures = ("exec", "fast_1") + (("slip",) if cfg.world.slip_fraction else ())
     pairs = [(a, "sft", m) for a in arms if a != "sft" for m in measures]
     pairs += [c for c in COMPARISONS if c[0] in arms and c[1] in arms]
@@ -288,8 +295,8 @@ def comparisons(cfg: DemoConfig, arms: list[str], read: ScoresReader = bench_sco
         if b == "sft" or ends[a] == ends[b]:
             planned.append((measure, (a, ends[a], ""), (b, ends[b], "")))
             continue
-        planned.append((measure, (a, ends[a], f", {ends[a]} steps"), (b, ends[b], f", {ends[b]} steps")))
-        planned += [(measure, (a, s, f", step {s}"), (b, s, f", step {s}"))
+        planned.append((measure, *((x, ends[x], f", {ends[x]} steps{phase_split(cfg, x, ends[x])}") for x in (a, b))))
+        planned += [(measure, *((x, s, f", step {s}{phase_split(cfg, x, s)}") for x in (a, b)))
                     for s in sorted(set(runs[a]) & set(runs[b]) - {0})]
     scores = {(x, s): read(runs[x][s]) for _, *sides in planned for x, s, _ in sides}
     out = []
