@@ -6,10 +6,10 @@
 Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
 4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
-checkpointing unless `--no-activation-checkpointing`); seconds per phase, peak GPU memory and what the update starts
-from (the memory still allocated after the step's rollouts: the weights and the sampler's copy). Rollout tokens/s is
-split into row-forwards/s (the decoder's speed) and tokens per row-forward (the model's confidence: about 1 for
-random weights), with the batch's forwards, the share that committed a block (every row sends a committing
+checkpointing unless `--no-activation-checkpointing`); seconds per phase, peak GPU memory (and the rollouts' own) and
+what the update starts from (what is still allocated after the rollouts: the weights, the sampler's copy). Rollout
+tokens/s is split into row-forwards/s (the decoder's speed) and tokens per row-forward (the model's confidence:
+about 1 for random weights), with the batch's forwards, the share that committed a block (every row sends a committing
 forward's queries when any row commits) and the rows busy in an average one. Random weights write no code,
 so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step, from
@@ -77,12 +77,13 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     stats = step(0, "e2e", tasks)
     if dist.device.type == "cuda":  # what the update starts from: the weights, the sampler's copy, nothing decoded
         held_gib = torch.cuda.memory_allocated() / 2**30
+        rollout_peak_gib = torch.cuda.max_memory_allocated() / 2**30  # random weights: this step trained nothing
     result = {"setup_s": setup_s, "step_s": time.monotonic() - began, **{f"{k}_s": v for k, v in stats.seconds.items()},
               "rollouts": stats.rollouts, "tokens_generated": stats.tokens_generated,
               "outcomes": stats.outcomes, "trained_rollouts": stats.trained_rollouts, "loss": stats.loss,
               "kl": stats.kl, "grad_norm": stats.grad_norm}
     if dist.device.type == "cuda":
-        result["held_after_rollouts_gib"] = held_gib
+        result.update(held_after_rollouts_gib=held_gib, rollout_peak_gib=rollout_peak_gib)
     result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout, "rollout"))
     if stats.trained_rollouts == 0:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
@@ -329,8 +330,8 @@ def main() -> None:
     print(f"tokens generated {s['tokens_generated']:,}, trained rollouts "
           f"{s['trained_rollouts']}{' (forced advantages +-1)' if s.get('update_forced') else ''}, "
           f"peak {s.get('peak_gib', 0):.1f} GiB"
-          + (f", {s['held_after_rollouts_gib']:.1f} GiB held after the rollouts" if "held_after_rollouts_gib" in s
-             else ""))
+          + (f" ({s['rollout_peak_gib']:.1f} GiB while rolling out), {s['held_after_rollouts_gib']:.1f} GiB held "
+             "after the rollouts" if "held_after_rollouts_gib" in s else ""))
     _print_update_flops(s.get("update_flops"))
     if "update_flops_warm" in s:
         print("again, ", end="")
