@@ -75,15 +75,13 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         torch.cuda.reset_peak_memory_stats()
     began = time.monotonic()
     stats = step(0, "e2e", tasks)
-    if dist.device.type == "cuda":  # what the update starts from: the weights, the sampler's copy, nothing decoded
-        held_gib = torch.cuda.memory_allocated() / 2**30
-        rollout_peak_gib = torch.cuda.max_memory_allocated() / 2**30  # random weights: this step trained nothing
     result = {"setup_s": setup_s, "step_s": time.monotonic() - began, **{f"{k}_s": v for k, v in stats.seconds.items()},
               "rollouts": stats.rollouts, "tokens_generated": stats.tokens_generated,
               "outcomes": stats.outcomes, "trained_rollouts": stats.trained_rollouts, "loss": stats.loss,
               "kl": stats.kl, "grad_norm": stats.grad_norm}
-    if dist.device.type == "cuda":
-        result.update(held_after_rollouts_gib=held_gib, rollout_peak_gib=rollout_peak_gib)
+    if dist.device.type == "cuda":  # random weights: the step trained nothing, so both are the rollouts' own
+        result.update(held_after_rollouts_gib=torch.cuda.memory_allocated() / 2**30,  # what the update starts from
+                      rollout_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
     result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout, "rollout"))
     if stats.trained_rollouts == 0:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
