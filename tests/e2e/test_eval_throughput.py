@@ -169,13 +169,23 @@ def test_the_kernelbench_style_run_reports_every_finished_candidate_as_it_goes(t
     assert section["outcomes"] == {"python_error": 1, "not_run": 2} and section["n"] == 3
 
 
+def _unoptimised(item: et.Item) -> kbs.KBJob:
+    """The KernelBench-style job of a smoke item whose program is the shipped C++ ReLU, built at -O0 instead of its
+    -O3: the same torch build of the same sources (torch's header is most of it), a quarter less compile time (27
+    -> 20 s a build here, five builds below). What these tests check is which process builds, not what it makes."""
+    assert 'extra_cflags=["-O3"]' in item.cand.code
+    code = item.cand.code.replace('extra_cflags=["-O3"]', 'extra_cflags=["-O0"]')
+    return kbs.KBJob(item.cand.id, item.task.id, item.task.code, code)
+
+
 @pytest.mark.slow
 def test_the_kernelbench_style_eval_rebuilds_what_its_reused_precompile_process_built_twice(tmp_path):
     """Real C++ builds: one pre-compile process builds the same program (one extension name) for two candidates.
     Reused for both (KernelBench's pool), torch names the second `<name>_v1`, and its fresh eval process builds it
     again. (With a fresh process per build, the eval phase builds nothing: the resume test below.)"""
     (item,) = [it for it in et.smoke_batch() if it.kind == "correct"]
-    jobs = [kbs.KBJob(f"c{i}", item.task.id, item.task.code, item.cand.code) for i in range(2)]
+    job = _unoptimised(item)
+    jobs = [kbs.KBJob(f"c{i}", job.task_key, job.task_code, job.code) for i in range(2)]
     cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=300, build_root=tmp_path, num_perf_trials=2,
                        reuse_precompile_workers=True)
     run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None)
@@ -192,8 +202,9 @@ def test_a_kernelbench_style_run_cut_short_goes_on_in_a_later_process(tmp_path):
     pre-compiled before, building nothing (a stale build lock left in a directory is cleared), keeping the first's
     seconds."""
     python_error, correct = (next(it for it in et.smoke_batch() if it.kind == k) for k in ("python_error", "correct"))
-    jobs = [kbs.KBJob(it.cand.id, it.task.id, it.task.code, it.cand.code) for it in (python_error, correct)]
-    jobs.append(kbs.KBJob("twin", correct.task.id, correct.task.code, correct.cand.code))
+    jobs = [kbs.KBJob(python_error.cand.id, python_error.task.id, python_error.task.code, python_error.cand.code),
+            _unoptimised(correct)]
+    jobs.append(kbs.KBJob("twin", jobs[1].task_key, jobs[1].task_code, jobs[1].code))
 
     def stop_after_one(run: kbs.KBRun) -> None:
         if run.finished == 1:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import EXAMPLES
-from dice_kernels.harness import EvalConfig, load_candidate
+from dice_kernels.harness import EvalConfig, TimingConfig, load_candidate
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file, task_from_code
 
@@ -40,7 +40,9 @@ def test_an_earlier_verdict_is_given_without_running_and_only_under_the_same_set
     # a task no other test evaluated (its code is part of the key), so the first run cannot find a verdict
     task = task_from_code(base.code + f"\n# {uuid.uuid4()}\n", id=base.id, name=base.name, level=base.level)
     correct, wrong = SOLUTIONS / "correct.py", SOLUTIONS / "wrong.py"
-    config = EvalConfig(backend="cpu", cache_dir=build_cache, trials=2, reuse_verdicts=True)
+    # short timing loops (timed, not measured precisely): the settings a verdict is kept under all the same
+    config = EvalConfig(backend="cpu", cache_dir=build_cache, trials=2, reuse_verdicts=True,
+                        timing=TimingConfig(iters=5, max_s=0.3))
 
     first, runs = _evaluate(config, [(task, load_candidate(correct, id="a")), (task, load_candidate(wrong, id="w"))],
                             tmp_path / "first")
