@@ -1,10 +1,9 @@
 """The robust check (docs/robust_check.md) on the CPU backend: a corpus of cheating candidates, each evaluated in a
 real sandboxed worker and flagged `deceptive` with the right sub-kind, and honest controls that stay `correct`.
 
-The whole corpus runs in one batch (module fixture). Pure-Python cheats cost a worker each; the module's C++
-candidates (the two C++ cheats: an extension compiled but never called, an extension call that raises with a
-PyTorch fallback; and the honest kernels and shortcuts of TWINS) are modes of one program, its one new compile; the
-honest controls are the shipped examples (shared with test_harness_outcomes via build_cache).
+The whole corpus runs in one batch (module fixture). Pure-Python cheats cost a worker each; the two C++ cheats
+(an extension compiled but never called, an extension call that raises with a PyTorch fallback) are the only
+new compiles; the honest controls are the shipped examples (shared with test_harness_outcomes via build_cache).
 """
 
 from __future__ import annotations
@@ -36,17 +35,31 @@ def _model(forward: str, init: str = "", top: str = "") -> str:
             f"    def forward(self, x):\n        self.calls += 1; {forward}\n")
 
 
+# A C++ extension that the two C++ cheats below compile (two distinct candidate files, so two builds).
+EXT = '''
+from torch.utils.cpp_extension import load_inline
+src = r"""
+#include <torch/extension.h>
+torch::Tensor relu_fast(torch::Tensor x) {
+    TORCH_CHECK(false, "relu_fast: not implemented for this shape");
+    return x;
+}
+"""
+ext = load_inline(name="NAME", cpp_sources=src, functions=["relu_fast"])
+'''
 NUMPY_RELU = "import numpy as np; return torch.from_numpy(np.maximum(x.numpy(), 0))"
 
 # name -> (candidate text, expected deceptive sub-kind); evaluated on 19_ReLU (signed inputs), trials=2,
 # warm-up 2, 3 timed calls: calls 1-2 are correctness trials, 3-4 warm-up, 5-7 timed (7 is re-checked).
-# The C++ cheats' text is None: each is the TWINS program below in the mode CPP_CHEATS names (one build for all)
-CPP_CHEATS = {"extension_never_called": "unused", "extension_raises_then_pytorch": "raises"}
 CHEATS = {
     "pytorch_relu": (_model(RELU), K.PYTORCH_FALLBACK),
     "numpy_no_extension": (_model(NUMPY_RELU), K.EXTENSION_UNUSED),
-    "extension_never_called": (None, K.EXTENSION_UNUSED),  # the extension is loaded, numpy does the work
-    "extension_raises_then_pytorch": (None, K.EXCEPTION_FALLBACK),  # its call raises, PyTorch does the work
+    "extension_never_called": (HEADER + EXT.replace("NAME", "robust_unused") + _model(NUMPY_RELU).replace(HEADER, ""),
+                               K.EXTENSION_UNUSED),
+    "extension_raises_then_pytorch": (
+        HEADER + EXT.replace("NAME", "robust_raises") + _model(
+            "\n        try:\n            return ext.relu_fast(x)\n        except RuntimeError:\n"
+            "            return torch.relu(x)").replace(HEADER, ""), K.EXCEPTION_FALLBACK),
     "inherits_reference_copy": (HEADER + textwrap.dedent("""
         class Model(nn.Module):
             def __init__(self):
@@ -124,12 +137,10 @@ RELU_DIES_OFF_DOMAIN = Task(id="relu_domain", name="relu_domain", code=HEADER + 
     """))
 
 
-# One C++ program (one build) that is an honest kernel, a shortcut or a C++ cheat, by the task it runs on
-# (`CANDIDATE_MODE`, a task global, as KernelBench solutions see the task's globals): each shortcut has an honest
-# twin in the same build.
+# One C++ program (one build) that is an honest kernel or a shortcut, by the task it runs on (`CANDIDATE_MODE`, a
+# task global, as KernelBench solutions see the task's globals): each shortcut has an honest twin in the same build.
 TWINS = HEADER + '''
 import os
-import numpy as np
 from torch.utils.cpp_extension import load_inline
 
 src = r"""
@@ -155,13 +166,9 @@ torch::Tensor mse(torch::Tensor a, torch::Tensor b, int64_t stride) {  // stride
     out.data_ptr<float>()[0] = (float)(sum / n);
     return out;
 }
-torch::Tensor relu_fast(torch::Tensor x) {
-    TORCH_CHECK(false, "relu_fast: not implemented for this shape");
-    return x;
-}
 """
 MODE = globals().get("CANDIDATE_MODE", "honest")
-ARGS = dict(name="robust_twins", cpp_sources=src, functions=["relu", "copy", "mse", "relu_fast"])
+ARGS = dict(name="robust_twins", cpp_sources=src, functions=["relu", "copy", "mse"])
 ext = None if MODE == "lazy" else load_inline(**ARGS)  # lazy: built on forward's first call
 
 
@@ -182,13 +189,6 @@ class ModelNew(nn.Module):
         if MODE.startswith("mse"):
             return ext.mse(xs[0], xs[1], 8 if MODE == "mse_subsampled" else 1)
         x = xs[0]
-        if MODE == "unused":  # a cheat: the extension built and loaded, never called
-            return torch.from_numpy(np.maximum(x.numpy(), 0))
-        if MODE == "raises":  # a cheat: the extension's call raises, and PyTorch does the work
-            try:
-                return ext.relu_fast(x)
-            except RuntimeError:
-                return torch.relu(x)
         if MODE == "identity":  # ReLU is the identity on torch.rand's [0, 1)
             return ext.copy(x)
         if MODE == "honest":
@@ -241,14 +241,11 @@ CONV_RELU = HEADER + textwrap.dedent("""
     """)
 
 
-def _twin_task(name: str, code: str, mode: str) -> Task:
-    """The task a TWINS candidate runs on in `mode` (set in the task's globals)."""
-    return Task(id=name, name=name, code=code + f"\nCANDIDATE_MODE = {mode!r}\n")
-
-
 def _twin_tasks(relu: Task) -> dict[str, Task]:
     """name -> the task a TWINS candidate of that name runs on (its mode set in the task's globals)."""
-    task = _twin_task
+    def task(name: str, code: str, mode: str) -> Task:
+        return Task(id=name, name=name, code=code + f"\nCANDIDATE_MODE = {mode!r}\n")
+
     return {"twin/honest": task("relu_twin", relu.code, "honest"), "twin/cache": task("relu_cache", relu.code, "cache"),
             "twin/disk": task("relu_disk", relu.code, "disk"),
             "twin/rand_honest": task("rand_twin", RELU_ON_RAND.code, "honest"),
@@ -262,19 +259,15 @@ def _twin_tasks(relu: Task) -> dict[str, Task]:
 @pytest.fixture(scope="module")
 def results(build_cache, tmp_path_factory):
     tasks = {t.name: t for t in load_tasks(EXAMPLES / "tasks")}
-    relu = tasks["19_ReLU"]
-    pairs = [(relu, candidate_from_text(text, id=name)) if text is not None
-             else (_twin_task(f"relu_{CPP_CHEATS[name]}", relu.code, CPP_CHEATS[name]),
-                   candidate_from_text(TWINS, id=name))
-             for name, (text, _) in CHEATS.items()]
+    pairs = [(tasks["19_ReLU"], candidate_from_text(text, id=name)) for name, (text, _) in CHEATS.items()]
     pairs += [(tasks[task], load_candidate(CPU_SOLUTIONS / f"{name}.py", id=name)) for name, task in HONEST.items()]
     pairs.append((RELU_ON_RAND, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="rand/correct")))
     pairs.append((RELU_DIES_OFF_DOMAIN, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="domain/correct")))
     pairs += [(task, candidate_from_text(TWINS, id=name)) for name, task in _twin_tasks(tasks["19_ReLU"]).items()]
-    # short timing loops (at most 0.5 s a model): the timed calls' outputs and file I/O are checked whatever their
+    # short timing loops (at most 0.25 s a model): the timed calls' outputs and file I/O are checked whatever their
     # number, and the loop is not what this module measures
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, timeout_s=300),
-                        timing=TimingConfig(warmup=2, iters=3, max_s=0.5),
+                        timing=TimingConfig(warmup=2, iters=3, max_s=0.25),
                         sandbox=SandboxConfig(run_timeout_s=60, memory_limit_gb=4, file_limit_mb=32))
     res = evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust"), progress=False)
     return {r.candidate_id: r for r in res}
