@@ -264,10 +264,10 @@ def results(build_cache, tmp_path_factory):
     pairs.append((RELU_ON_RAND, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="rand/correct")))
     pairs.append((RELU_DIES_OFF_DOMAIN, load_candidate(CPU_SOLUTIONS / "19_ReLU" / "correct.py", id="domain/correct")))
     pairs += [(task, candidate_from_text(TWINS, id=name)) for name, task in _twin_tasks(tasks["19_ReLU"]).items()]
-    # short timing loops (at most 0.25 s a model): the timed calls' outputs and file I/O are checked whatever their
+    # short timing loops (at most 0.5 s a model): the timed calls' outputs and file I/O are checked whatever their
     # number, and the loop is not what this module measures
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, timeout_s=300),
-                        timing=TimingConfig(warmup=2, iters=3, max_s=0.25),
+                        timing=TimingConfig(warmup=2, iters=3, max_s=0.5),
                         sandbox=SandboxConfig(run_timeout_s=60, memory_limit_gb=4, file_limit_mb=32))
     res = evaluate(pairs, config, out_dir=tmp_path_factory.mktemp("robust"), progress=False)
     return {r.candidate_id: r for r in res}
