@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -184,8 +185,7 @@ def test_the_kernelbench_style_eval_rebuilds_what_its_reused_precompile_process_
     Reused for both (KernelBench's pool), torch names the second `<name>_v1`, and its fresh eval process builds it
     again. (With a fresh process per build, the eval phase builds nothing: the resume test below.)"""
     (item,) = [it for it in et.smoke_batch() if it.kind == "correct"]
-    job = _unoptimised(item)
-    jobs = [kbs.KBJob(f"c{i}", job.task_key, job.task_code, job.code) for i in range(2)]
+    jobs = [replace(_unoptimised(item), key=f"c{i}") for i in range(2)]
     cfg = kbs.KBConfig(backend="cpu", workers=1, timeout_s=300, build_root=tmp_path, num_perf_trials=2,
                        reuse_precompile_workers=True)
     run = kbs.evaluate_kb_style(jobs, cfg, log=lambda s: None)
@@ -202,9 +202,9 @@ def test_a_kernelbench_style_run_cut_short_goes_on_in_a_later_process(tmp_path):
     pre-compiled before, building nothing (a stale build lock left in a directory is cleared), keeping the first's
     seconds."""
     python_error, correct = (next(it for it in et.smoke_batch() if it.kind == k) for k in ("python_error", "correct"))
+    correct_job = _unoptimised(correct)
     jobs = [kbs.KBJob(python_error.cand.id, python_error.task.id, python_error.task.code, python_error.cand.code),
-            _unoptimised(correct)]
-    jobs.append(kbs.KBJob("twin", jobs[1].task_key, jobs[1].task_code, jobs[1].code))
+            correct_job, replace(correct_job, key="twin")]
 
     def stop_after_one(run: kbs.KBRun) -> None:
         if run.finished == 1:
