@@ -323,3 +323,29 @@ def test_real_qwen3_tokenizer_on_shipped_example_pairs_from_parquet(shared_data,
     config = json.loads((out / "final" / "config.json").read_text())
     assert config["mask_token_id"] == 151669 and config["vocab_size"] == 151680
     assert len(read_metrics(out)) == 1 and (out / "loss_curve.png").is_file()
+
+
+_SEGMENTS_EXPANDABLE = """
+import torch
+from dice_kernels.train.distributed import init_distributed, shutdown
+dist = init_distributed()
+kept = torch.empty(1 << 20, device=dist.device)
+print(all(s["is_expandable"] for s in torch.cuda.memory._snapshot()["segments"]))
+shutdown()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("user_setting, expandable", [(None, "True"), ("expandable_segments:False", "False")])
+def test_training_processes_allocate_expandable_segments_unless_the_user_says_otherwise(user_setting, expandable):
+    """A trainer's rollouts and update alternate in one process; expandable segments let the update reuse the
+    rollouts' freed memory (an SDAR-4B step ran out of an H100 without them). The default must reach the
+    allocator (set before CUDA's first allocation), and a user's own PYTORCH_CUDA_ALLOC_CONF must win."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "WORLD_SIZE")}
+    if user_setting:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = user_setting
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _SEGMENTS_EXPANDABLE], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expandable
