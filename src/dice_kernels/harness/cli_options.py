@@ -29,7 +29,8 @@ HELP = {
     "cache_dir": "Build cache, shared across runs (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds).",
     "reuse_verdicts": "Give a program evaluated before (same task, syntax tree, verdict-deciding settings, machine, "
                       "torch and harness) that verdict, timing included, without running it again (the cache "
-                      "folder's verdicts.sqlite; docs/harness.md).",
+                      "folder's verdicts.sqlite), and compare a new program with its task's reference outputs kept "
+                      "from an earlier run (the cache folder's references/; docs/harness.md).",
     "timing.enabled": "Time correct candidates and references.",
     "timing.iters": "Least timed calls per model; more follow until the median's 95% CI is within "
                     "--timing-target-ci of it (docs/timing.md).",
@@ -66,6 +67,8 @@ HELP = {
     "scheduler.output_memory_gb": "Host memory, GiB, this process may hold for tasks' outputs (a task's reference trials and "
                                   "its candidates' frames in flight); a task that does not fit beside the others waits its "
                                   "turn. 0: half of what is available at the start.",
+    "scheduler.reference_cache_mb": "With --reuse-verdicts, keep a task's reference outputs for later runs when they "
+                                    "take at most this many MiB (larger ones run again); 0: keep none.",
     "scheduler.run_workers": "Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu; on cuda 4, or 8 "
                              "on a GPU with 128 GiB or more.",
     "scheduler.warm_workers": "Worker processes started ahead of their job (each still runs one job); -1: as many as run "

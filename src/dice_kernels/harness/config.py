@@ -266,6 +266,10 @@ class SchedulerConfig:
     # flight (harness/process/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
     # nowhere runs alone. 0: half the memory available when the run starts
     output_memory_gb: float = 0.0
+    # with reuse_verdicts, a task's reference outputs are kept in cache_dir/references for later batches
+    # (harness/reference_cache.py) when all of them (trials, hardened trials, the re-checked call) take at most
+    # this many MiB: a larger one runs again rather than fill the disk. 0: keep none
+    reference_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         _check(self, (
@@ -273,6 +277,7 @@ class SchedulerConfig:
             ("warm_workers", _at_least(-1), "-1 (as many as run workers), 0 (none) or more"),
             ("cpu_threads", _at_least(1), "at least 1"),
             ("output_memory_gb", _at_least(0), "0 (half of what is available) or more"),
+            ("reference_cache_mb", _at_least(0), "0 (keep none) or more"),
         ))
         _within_machine(self, "output_memory_gb")
 
@@ -307,7 +312,9 @@ class EvalConfig:
     # give a program evaluated before (same task, syntax tree, settings, machine, torch and harness) that earlier
     # verdict, timing included, instead of running it again (harness/store.py's VerdictCache, in cache_dir): RL steps and a
     # demo's arms meet the same programs again and again. With timing off, also the same settings' timed verdict,
-    # its times dropped (a stricter check). Off: every call measures afresh
+    # its times dropped (a stricter check). A new program of a known task is compared with that task's kept
+    # reference outputs (harness/reference_cache.py) instead of running its reference again. Off: every call
+    # measures afresh
     reuse_verdicts: bool = False
     timing: TimingConfig = field(default_factory=TimingConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

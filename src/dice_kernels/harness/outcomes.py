@@ -90,6 +90,9 @@ class ReferenceNotes:
     baseline: BaselineNote | None = None  # for a candidate that ran against a reference
     retried_after: str = ""  # the reference's first failure when it ran twice
     waited_for_memory_s: float = 0.0  # its task waited for other tasks' outputs to be released
+    # when the reference outputs it was compared with were computed, if an earlier batch kept them (reuse_verdicts;
+    # its `phases.seconds.reference` is then the load, not a run)
+    reused_from: str = ""
 
     @classmethod
     def from_dict(cls, d: dict) -> "ReferenceNotes":

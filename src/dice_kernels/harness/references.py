@@ -1,6 +1,7 @@
 """Each task's reference: the trusted `Model` run in a worker for its outputs (and, unless a cached baseline stands
 in, its timing and speed-of-light inputs), computed once per task per batch, retried once when it fails, and
-admitted only when its outputs fit beside other tasks' (host_memory.py); freed after the task's last candidate."""
+admitted only when its outputs fit beside other tasks' (host_memory.py); freed after the task's last candidate.
+With `reuse_verdicts`, a reference kept by an earlier batch (reference_cache.py) stands in for the run."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from dice_kernels.harness.config import EvalConfig, total_memory_gib
 from dice_kernels.harness.robust.degenerate import breaking_trials, degenerate_flags
 from dice_kernels.harness.process.input_size import min_input_bytes
 from dice_kernels.harness.process.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
+from dice_kernels.harness.reference_cache import ReferenceCache
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.timing.platform import CeilingsCache, Platform
 from dice_kernels.harness.process.protocol import ReferencePart, RunJob
+from dice_kernels.harness.timing.loop import tensor_bytes
 from dice_kernels.harness.timing.stats import timing_fields
+from dice_kernels.harness.store import harness_source, verdict_context
 from dice_kernels.harness.worker.trial_inputs import HARDENED_TRIALS
 from dice_kernels.harness.process.pool import MEMORY_ERROR, Workers
 from dice_kernels.tasks import Task
@@ -39,13 +43,20 @@ class Reference:
     # its outputs depend on the calls before (a second call on the same inputs differs): the call after a timing
     # loop, which ran another number of calls than a candidate's, cannot be re-checked against a candidate's
     stateful: bool = False
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # its run's wall time; for a reused one, the run that computed it (run timeouts scale with it)
     compile_baseline: dict = field(default_factory=dict)  # torch.compile(Model) timing, or {"error": ...}
     sol: dict = field(default_factory=dict)  # the task's FLOPs, minimum bytes moved and dtype (worker._speed_of_light)
     baseline_from: str = ""  # when the timing above was measured, if it came from the baseline cache ("" = now)
     retried: str = ""  # the first run's failure when the reference ran twice ("" = it ran once)
     deferred_need: int = 0  # bytes its outputs need, when they did not fit beside other tasks' (host_memory.py)
     waited_for_memory_s: float = 0.0  # how long the task waited for other tasks' outputs to be released
+    reused_from: str = ""  # when its outputs were computed, if an earlier batch kept them ("" = run now)
+    load_s: float = 0.0  # seconds loading a reused one
+
+    @property
+    def spent_s(self) -> float:
+        """Seconds this batch spent on it: its run's, or loading it when it was reused."""
+        return self.load_s if self.reused_from else self.wall_s
 
     @property
     def expected(self) -> list:
@@ -87,10 +98,14 @@ class ReferenceRunner:
         self.config, self.platform, self.workers = config, platform, workers
         self.ceilings = CeilingsCache(config.cache_dir, platform)
         self.baselines = BaselineStore(config.cache_dir / "baselines.sqlite")
+        context = verdict_context(config.settings(), platform.__dict__, harness_source())  # as the batch's verdicts
+        self.kept = (ReferenceCache(config.cache_dir, context, config.scheduler.reference_cache_mb << 20)
+                     if config.reuse_verdicts else None)
 
     def reference(self, task: Task, admit: Callable[[int], None] | None = None) -> Reference:
-        """Run the task's Model for its outputs, and time it unless its baseline is cached (timing.baselines).
-        `admit` sees the size of its first frame of outputs and may defer the task (`Reference.deferred_need`)."""
+        """Run the task's Model for its outputs, and time it unless its baseline is cached (timing.baselines), or
+        take the reference an earlier batch kept (`reuse_verdicts`). `admit` sees the size of its first frame of
+        outputs and may defer the task (`Reference.deferred_need`)."""
         start = time.monotonic()
         cfg = self.config
         too_big = self.inputs_over_limits(task)
@@ -98,6 +113,11 @@ class ReferenceRunner:
             return Reference(None, None, too_big)
         key = baseline_key(task.sha256, self.ceilings.key(), cfg) if cfg.timing.enabled else ""
         cached = self._cached_baseline(key)
+        # timed, a kept reference stands in only where a run would take the cached baseline (timing.baselines
+        # "reuse"): it would then time nothing, and only its outputs are kept
+        if self.kept is not None and (not cfg.timing.enabled or cached is not None):
+            if (kept := self.kept.get(task.sha256)) is not None:
+                return self._reused(kept, cached, admit, start)
 
         def run(hardened: tuple[int, ...]) -> tuple[dict, list | None]:
             job = run_job(cfg, self.platform, self.workers, self.ceilings, cached is not None, hardened)
@@ -128,14 +148,32 @@ class ReferenceRunner:
         timing = outputs[n] if len(outputs) > n else None
         degenerate = degenerate_flags(trials, cfg.atol, cfg.rtol, bool(res.get("input_copy_passes")))
         baseline = cached if cached is not None else self._measured_baseline(key, task, res)
-        return Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
-                         sol=baseline.sol, compile_baseline=baseline.compile_baseline,
-                         baseline_from=cached.measured_at if cached else "",
-                         degenerate=degenerate,
-                         hardened=breaking_trials(trials, hardened, degenerate, res.get("hardened_copy_passes", []),
-                                                  cfg.atol, cfg.rtol),
-                         output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
-                         wall_s=time.monotonic() - start, retried=retried)
+        ref = Reference(trials, baseline.timing.get("time_ms"), timing=baseline.timing, timing_outputs=timing,
+                        sol=baseline.sol, compile_baseline=baseline.compile_baseline,
+                        baseline_from=cached.measured_at if cached else "",
+                        degenerate=degenerate,
+                        hardened=breaking_trials(trials, hardened, degenerate, res.get("hardened_copy_passes", []),
+                                                 cfg.atol, cfg.rtol),
+                        output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
+                        wall_s=time.monotonic() - start, retried=retried)
+        if self.kept is not None:
+            self.kept.put(task.sha256, ref)
+        return ref
+
+    def _reused(self, kept: dict, cached: Baseline | None, admit: Callable[[int], None] | None,
+                start: float) -> Reference:
+        """A kept reference (ReferenceCache.get's fields) as this batch's: admitted like a run's first frame (a
+        task whose outputs do not fit is deferred the same way), with the timing side a run would have had: the
+        cached baseline, or none untimed."""
+        if admit is not None:
+            try:
+                admit(tensor_bytes(kept["outputs"][0]))
+            except OutputsDeferred as e:
+                return Reference(None, None, str(e), deferred_need=e.need)
+        baseline = cached or Baseline({"time_ms": None}, {}, {})  # untimed: what _measured_baseline makes of no timing
+        return Reference(time_ms=baseline.timing.get("time_ms"), timing=baseline.timing, sol=baseline.sol,
+                         compile_baseline=baseline.compile_baseline,
+                         baseline_from=cached.measured_at if cached else "", load_s=time.monotonic() - start, **kept)
 
     def inputs_over_limits(self, task: Task) -> str:
         """Why the task's inputs cannot fit where its reference would make them (input_size.py: a lower bound read

@@ -191,7 +191,7 @@ class Evaluator:
                 bar.phase(cand.id, "run")
                 r = self._score(task, cand, b, ref, base)
                 r.phases.seconds = {"build": round(b.wall_s, 3),
-                                    "reference": round(ref.wall_s, 3) if ref and computed else 0.0, **r.phases.seconds}
+                                    "reference": round(ref.spent_s, 3) if ref and computed else 0.0, **r.phases.seconds}
                 # where the pipeline's time goes: when its build ran and when it was done, on the batch's clock
                 r.phases.timeline = {"build": [round(b.started_s, 2), round(b.started_s + b.wall_s, 2)],
                                      "done": round(time.monotonic() - self.began, 2)}

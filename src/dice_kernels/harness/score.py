@@ -60,7 +60,8 @@ def _reference_notes(ref: Reference | None) -> ReferenceNotes | None:
     if ref is None:
         return None
     return ReferenceNotes(baseline=_baseline_note(ref) if ref.outputs is not None else None,
-                          retried_after=ref.retried[:500], waited_for_memory_s=round(ref.waited_for_memory_s, 3))
+                          retried_after=ref.retried[:500], waited_for_memory_s=round(ref.waited_for_memory_s, 3),
+                          reused_from=ref.reused_from)
 
 
 def scored(cfg: EvalConfig, task: Task, cand: Candidate, b: Build, ref: Reference, res: dict, outputs: list | None,

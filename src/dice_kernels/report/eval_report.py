@@ -38,6 +38,7 @@ def summary(results: list[EvalResult], meta: dict) -> dict:
         "fallback_ops": fallback_ops(results),
         "seconds_by_phase": seconds_by_phase(results),
         "reference_baselines": reference_baselines(results),
+        "reused_references": reused_references(results),
         "deceptive_extensions": deceptive_extensions(results),
     }
 
@@ -52,6 +53,16 @@ def reference_baselines(results: list[EvalResult]) -> dict:
             "reused_measured": [min(b.measured_at for b in reused), max(b.measured_at for b in reused)]
             if reused else [], "rel_ci_median": noise[len(noise) // 2] if noise else None,
             "rel_ci_max": noise[-1] if noise else None}
+
+
+def reused_references(results: list[EvalResult]) -> dict:
+    """The tasks whose candidates were compared with reference outputs an earlier batch kept (`reuse_verdicts`)
+    instead of running the reference, of the tasks a candidate ran against in this run (not a reused verdict or a
+    duplicate, whose notes are their first evaluation's), and when those were computed."""
+    ran = {r.task_id: r.reference.reused_from for r in results
+           if r.reference and r.reference.baseline and not r.duplicate_of}
+    reused = sorted(when for when in ran.values() if when)
+    return {"tasks": len(ran), "reused": len(reused), "computed": [reused[0], reused[-1]] if reused else []}
 
 
 def fallback_ops(results: list[EvalResult]) -> dict[str, int]:
@@ -192,6 +203,11 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
                   "fresh` measures again)" if base["reused"] else f"all {base['timed']} reference timings measured "
                   "in this run")
         lines += ["", f"Reference baselines: {reused}{noise}."]
+    kept = s.get("reused_references") or {}
+    if kept.get("reused"):
+        lines += ["", f"Reference outputs: {kept['reused']} of {kept['tasks']} tasks' candidates were compared with "
+                  f"reference outputs kept from an earlier run (computed {kept['computed'][0]} to "
+                  f"{kept['computed'][1]}; `--reuse-verdicts`), their references not run again."]
     if s.get("backend") == "cpu":
         lines += ["", "CPU backend: speedups are indicative only. They are C++ against PyTorch on one intra-op "
                   "thread, on a machine whose load the harness does not control, and say nothing about GPU kernels."]
