@@ -1,0 +1,132 @@
+"""Reference outputs kept across batches (harness/reference_cache.py) through the Evaluator: with `reuse_verdicts`, a
+new program of a known task is compared with the reference an earlier evaluator kept, its reference worker not run,
+and gets the result a run would give; another deciding setting or another task runs it; a damaged file is run
+again and replaced; a candidate cannot write the kept files; the option off keeps nothing."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import fields, replace
+
+import pytest
+
+from conftest import EXAMPLES
+from dice_kernels.harness import EvalConfig, Outcome, RobustConfig, TimingConfig, candidate_from_text
+from dice_kernels.harness.process.host_memory import OutputLedger, task_need_bytes
+from dice_kernels.harness.references import BatchReferences, Deferred
+from dice_kernels.harness.runner import Evaluator
+from dice_kernels.tasks import load_task_file, task_from_code
+
+BASE = load_task_file(EXAMPLES / "tasks" / "level1" / "19_ReLU.py")
+HEADER = "import torch\nimport torch.nn as nn\n\n"
+
+
+def _task(id: str = BASE.id):
+    """A task no other test evaluated (its code is part of the key), so nothing is kept for it yet."""
+    return task_from_code(BASE.code + f"\n# {uuid.uuid4()}\n", id=id, name=BASE.name, level=BASE.level)
+
+
+def _python(forward: str, top: str = "") -> str:
+    """A ModelNew without an extension (nothing to compile): deceptive with the robust check on."""
+    return HEADER + top + f"\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        {forward}\n"
+
+
+def _evaluate(config: EvalConfig, pairs: list) -> tuple[list, int]:
+    """The results, and how many reference workers ran (a run job without candidate code)."""
+    with Evaluator(config) as ev:
+        run, ran = ev.workers.run, []
+
+        def recording(job, task_code, code, *args, **kwargs):
+            ran.append(code is None)
+            return run(job, task_code, code, *args, **kwargs)
+
+        ev.workers.run = recording
+        return ev.evaluate(pairs), sum(ran)
+
+
+def _kept(config: EvalConfig, task):
+    with Evaluator(config) as ev:
+        return ev.references.kept.path(task.sha256)
+
+
+def _untimed(build_cache) -> EvalConfig:
+    return EvalConfig(backend="cpu", cache_dir=build_cache, trials=2, reuse_verdicts=True,
+                      timing=TimingConfig(enabled=False))
+
+
+@pytest.mark.slow  # four evaluators, candidates that compile nothing
+def test_a_new_program_of_a_known_task_reuses_its_reference_and_gets_the_same_result(build_cache):
+    task = _task()
+    # timed with short loops: a kept reference stands in where the baseline is reused (the default), and both
+    # batches below take the baseline the first one measured. The robust check off: PyTorch candidates are correct
+    config = EvalConfig(backend="cpu", cache_dir=build_cache, trials=2, reuse_verdicts=True,
+                        timing=TimingConfig(iters=5, max_s=0.3), robust=RobustConfig(enabled=False))
+    first, refs = _evaluate(config, [(task, candidate_from_text(_python("return torch.relu(x)"), id="first"))])
+    assert refs == 1 and not first[0].reference.reused_from
+    path = _kept(config, task)
+    stored = path.read_bytes()
+
+    # a candidate in the sandbox cannot touch the kept references: not while it builds (its staging folder is in
+    # the cache folder) nor while it runs
+    glob = f"__import__('glob').glob({str(path.parent)!r} + '/*')"
+    vandal = _python(f"[open(p, 'wb').write(b'x') for p in {glob}]",
+                     top=f"try:\n    [open(p, 'wb').write(b'x') for p in {glob}]\nexcept OSError:\n    pass\n")
+    second = [(task, candidate_from_text(_python("return x.clamp(min=0)"), id="second")),
+              (task, candidate_from_text(vandal, id="vandal"))]
+    reused, refs = _evaluate(config, second)
+    assert refs == 0
+    honest, vandal_result = reused
+    assert honest.outcome is Outcome.CORRECT and honest.reference.reused_from and honest.duplicate_of == ""
+    assert honest.phases.seconds["reference"] < 0.5  # the load, not the earlier run's seconds
+    assert vandal_result.outcome is Outcome.RUNTIME_ERROR and "Permission" in vandal_result.error
+    assert path.read_bytes() == stored
+
+    fresh, refs = _evaluate(replace(config, reuse_verdicts=False), second[:1])
+    assert refs == 1 and not fresh[0].reference.reused_from
+    # everything but the work's seconds, the build (cached by now), the candidate's own times and where the
+    # reference came from
+    mine = {"wall_s", "phases", "build", "compile_s", "reference", "cand_time_ms", "speedup", "timing", "timing_trials"}
+    for f in fields(fresh[0]):
+        if f.name not in mine:
+            assert getattr(honest, f.name) == getattr(fresh[0], f.name), f.name
+    assert honest.ref_time_ms == fresh[0].ref_time_ms and honest.timing_trials and fresh[0].timing_trials
+    assert honest.reference.baseline == fresh[0].reference.baseline
+
+
+@pytest.mark.slow  # four evaluators, untimed, candidates that compile nothing
+def test_another_deciding_setting_or_task_runs_the_reference_and_a_damaged_file_is_replaced(build_cache):
+    task, config = _task(), _untimed(build_cache)
+    pair = [(task, candidate_from_text(_python("return torch.relu(x)"), id="a"))]
+    other = candidate_from_text(_python("return x.clamp(min=0)"), id="b")  # a new program: no kept verdict answers
+    assert _evaluate(config, pair)[1] == 1
+    # a scheduling setting decides nothing; another task is another reference
+    results, refs = _evaluate(replace(config, scheduler=replace(config.scheduler, run_workers=2)),
+                              [(task, other), (_task("L1/19b"), other)])
+    assert refs == 1 and results[0].reference.reused_from and not results[1].reference.reused_from
+    assert _evaluate(replace(config, atol=0.02), [(task, other)])[1] == 1
+
+    path = _kept(config, task)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    third = [(task, candidate_from_text(_python("return torch.nn.functional.relu(x)"), id="c"))]
+    with Evaluator(config) as ev:
+        [result] = ev.evaluate(third)
+        assert not result.reference.reused_from and result.outcome is Outcome.DECEPTIVE
+        assert ev.references.kept.get(task.sha256) is not None  # the run above replaced the damaged file
+
+        # a kept reference is admitted like a run's first frame: deferred while another task holds the budget
+        ledger = OutputLedger(budget=1)
+        refs = BatchReferences(ev.reference, config.trials, {task.id: 1, "other": 1}, ledger, in_flight=1)
+        assert ledger.reserve("other", 1)
+        with pytest.raises(Deferred):
+            refs.get(task)
+        ledger.release("other")
+        ref, _ = refs.get(task)
+        assert ref.reused_from and ledger.held() == task_need_bytes(4 * 64 * 4096, config.trials, 1)
+
+
+@pytest.mark.slow
+def test_without_reuse_verdicts_nothing_is_kept(tmp_path):
+    config = replace(_untimed(tmp_path), reuse_verdicts=False)
+    results, refs = _evaluate(config, [(_task(), candidate_from_text(_python("return torch.relu(x)"), id="a"))])
+    assert refs == 1 and results[0].outcome is Outcome.DECEPTIVE
+    assert not (tmp_path / "references").exists()
