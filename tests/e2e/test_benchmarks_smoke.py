@@ -125,6 +125,15 @@ def test_eval_throughput_and_kernelbench_style(tmp_path, build_cache):
     assert doc["comparison"]["identical"] == 2 and "ratio ours-cold / KB-style" in out
 
 
+@pytest.mark.slow  # the builds of four examples (the session cache's), three evaluators
+def test_reference_reuse(tmp_path, build_cache):
+    out = _smoke("reference_reuse.py", "--cache-dir", str(build_cache), "--out", "rr.json", cwd=tmp_path)
+    summary = _json(tmp_path / "rr.json")["summary"]
+    kept, again = summary["kept references (reuse_verdicts)"], summary["references run again"]
+    assert (kept["reused_tasks"], again["reused_tasks"]) == (2, 0) and again["median_reference_s"] > 0
+    assert "| references run again |" in out
+
+
 @pytest.mark.slow  # four passes over two examples, each starting its workers
 def test_robust_check_false_positives_resumes(tmp_path, build_cache):
     out = _smoke("robust_check_false_positives.py", "--cache-dir", str(build_cache), "--out", "fp.json", cwd=tmp_path)
