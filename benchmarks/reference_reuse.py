@@ -1,6 +1,7 @@
-"""Kept reference outputs (harness/reference_cache.py), side by side: the second batch of the same tasks, each with a
-new program, evaluated with `reuse_verdicts` (the references the first batch kept are loaded) and without (every
-reference runs again in a worker), as a demo's benchmarks and the RL reward meet the same tasks again.
+"""Kept reference outputs (harness/process/reference_cache.py), side by side: the second batch of the same tasks,
+each with a new program, evaluated with `reuse_verdicts` (the references the first batch kept are loaded) and
+without (every reference runs again in a worker), as a demo's benchmarks and the RL reward meet the same tasks
+again.
 
     python benchmarks/reference_reuse.py [--tasks 8] [--rounds 3] [--timed] [--out reference_reuse.json]
     python benchmarks/reference_reuse.py --smoke [--cache-dir DIR]     # CPU, the two examples, one round

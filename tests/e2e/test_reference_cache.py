@@ -1,7 +1,7 @@
-"""Reference outputs kept across batches (harness/reference_cache.py) through the Evaluator: with `reuse_verdicts`, a
-new program of a known task is compared with the reference an earlier evaluator kept, its reference worker not run,
-and gets the result a run would give; another deciding setting or another task runs it; a damaged file is run
-again and replaced; a candidate cannot write the kept files; the option off keeps nothing."""
+"""Reference outputs kept across batches (harness/process/reference_cache.py) through the Evaluator: with
+`reuse_verdicts`, a new program of a known task is compared with the reference an earlier evaluator kept, its
+reference worker not run, and gets the result a run would give; another deciding setting or another task runs it;
+a damaged file is run again and replaced; a candidate cannot write the kept files; the option off keeps nothing."""
 
 from __future__ import annotations
 

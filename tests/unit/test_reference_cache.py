@@ -1,12 +1,12 @@
-"""harness/reference_cache.py on its own: a kept reference reads back exactly (dtypes, shapes, nesting, the non-tensor
-fields); what is not a whole successful run, or is too large, is not kept; a file that is not ours is a miss and
-runs no code."""
+"""harness/process/reference_cache.py on its own: a kept reference reads back exactly (dtypes, shapes, nesting, the
+non-tensor fields); what is not a whole successful run, or is too large, is not kept; a file that is not ours is a
+miss and runs no code."""
 
 from __future__ import annotations
 
 import torch
 
-from dice_kernels.harness.reference_cache import REFERENCES_DIR, ReferenceCache
+from dice_kernels.harness.process.reference_cache import REFERENCES_DIR, ReferenceCache
 from dice_kernels.harness.references import Reference
 
 

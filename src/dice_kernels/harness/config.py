@@ -267,8 +267,8 @@ class SchedulerConfig:
     # nowhere runs alone. 0: half the memory available when the run starts
     output_memory_gb: float = 0.0
     # with reuse_verdicts, a task's reference outputs are kept in cache_dir/references for later batches
-    # (harness/reference_cache.py) when all of them (trials, hardened trials, the re-checked call) take at most
-    # this many MiB: a larger one runs again rather than fill the disk. 0: keep none
+    # (harness/process/reference_cache.py) when all of them (trials, hardened trials, the re-checked call) take at
+    # most this many MiB: a larger one runs again rather than fill the disk. 0: keep none
     reference_cache_mb: int = 256
 
     def __post_init__(self) -> None:
@@ -313,7 +313,7 @@ class EvalConfig:
     # verdict, timing included, instead of running it again (harness/store.py's VerdictCache, in cache_dir): RL steps and a
     # demo's arms meet the same programs again and again. With timing off, also the same settings' timed verdict,
     # its times dropped (a stricter check). A new program of a known task is compared with that task's kept
-    # reference outputs (harness/reference_cache.py) instead of running its reference again. Off: every call
+    # reference outputs (harness/process/reference_cache.py) instead of running its reference again. Off: every call
     # measures afresh
     reuse_verdicts: bool = False
     timing: TimingConfig = field(default_factory=TimingConfig)

@@ -1,7 +1,7 @@
 """Each task's reference: the trusted `Model` run in a worker for its outputs (and, unless a cached baseline stands
 in, its timing and speed-of-light inputs), computed once per task per batch, retried once when it fails, and
 admitted only when its outputs fit beside other tasks' (host_memory.py); freed after the task's last candidate.
-With `reuse_verdicts`, a reference kept by an earlier batch (reference_cache.py) stands in for the run."""
+With `reuse_verdicts`, a reference kept by an earlier batch (process/reference_cache.py) stands in for the run."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dice_kernels.harness.config import EvalConfig, total_memory_gib
 from dice_kernels.harness.robust.degenerate import breaking_trials, degenerate_flags
 from dice_kernels.harness.process.input_size import min_input_bytes
 from dice_kernels.harness.process.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
-from dice_kernels.harness.reference_cache import ReferenceCache
+from dice_kernels.harness.process.reference_cache import ReferenceCache
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.timing.platform import CeilingsCache, Platform
 from dice_kernels.harness.process.protocol import ReferencePart, RunJob
