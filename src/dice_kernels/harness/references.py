@@ -163,8 +163,9 @@ class ReferenceRunner:
     def _reused(self, kept: dict, cached: Baseline | None, admit: Callable[[int], None] | None,
                 start: float) -> Reference:
         """A kept reference (ReferenceCache.get's fields) as this batch's: admitted like a run's first frame (a
-        task whose outputs do not fit is deferred the same way), with the timing side a run would have had: the
-        cached baseline, or none untimed."""
+        task whose outputs do not fit is deferred the same way; unlike a frame it is in memory already, at most
+        scheduler.reference_cache_mb), with the timing side a run would have had: the cached baseline, or none
+        untimed."""
         if admit is not None:
             try:
                 admit(tensor_bytes(kept["outputs"][0]))
