@@ -14,6 +14,7 @@ from conftest import EXAMPLES
 from dice_kernels.harness import EvalConfig, Outcome, RobustConfig, TimingConfig, candidate_from_text
 from dice_kernels.harness.process.host_memory import OutputLedger, task_need_bytes
 from dice_kernels.harness.references import BatchReferences, Deferred
+from dice_kernels.report.eval_report import reused_references
 from dice_kernels.harness.runner import Evaluator
 from dice_kernels.tasks import load_task_file, task_from_code
 
@@ -78,6 +79,7 @@ def test_a_new_program_of_a_known_task_reuses_its_reference_and_gets_the_same_re
     honest, vandal_result = reused
     assert honest.outcome is Outcome.CORRECT and honest.reference.reused_from and honest.duplicate_of == ""
     assert honest.phases.seconds["reference"] < 0.5  # the load, not the earlier run's seconds
+    assert reused_references(reused) == {"tasks": 1, "reused": 1, "computed": [honest.reference.reused_from] * 2}
     assert vandal_result.outcome is Outcome.RUNTIME_ERROR and "Permission" in vandal_result.error
     assert path.read_bytes() == stored
 
