@@ -132,3 +132,15 @@ def test_without_reuse_verdicts_nothing_is_kept(tmp_path):
     results, refs = _evaluate(config, [(_task(), candidate_from_text(_python("return torch.relu(x)"), id="a"))])
     assert refs == 1 and results[0].outcome is Outcome.DECEPTIVE
     assert not (tmp_path / "references").exists()
+
+
+def test_two_different_tasks_under_one_id_are_refused_before_anything_runs(build_cache):
+    """A batch keeps one reference per task id: a second task under the same id would be judged by the first's
+    outputs. The same task twice is fine (its candidates share the reference)."""
+    cand = candidate_from_text(_python("return torch.relu(x)"), id="a")
+    with pytest.raises(ValueError, match=f"two different tasks share the id '{BASE.id}'"):
+        _evaluate(_untimed(build_cache), [(_task(), cand), (_task(), cand)])
+    task = _task()
+    results, refs = _evaluate(_untimed(build_cache), [(task, cand), (task, candidate_from_text(_python(
+        "return x.clamp(min=0)"), id="b"))])
+    assert [r.outcome for r in results] == [Outcome.DECEPTIVE] * 2 and refs == 1

@@ -98,6 +98,7 @@ class Evaluator:
         `on_result` sees each result as it is recorded, one call at a time (results come from several run threads).
         Warm workers, the fork server and cached baselines carry over to the next call; one call runs at a time.
         """
+        one_code_per_task_id(pairs)  # before anything is opened or run
         with self._batch_lock:
             self.began = time.monotonic()
             store = ResultStore(Path(out_dir) / "results.sqlite") if out_dir is not None else None
@@ -273,6 +274,18 @@ class Evaluator:
     def close(self) -> None:
         self.workers.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def one_code_per_task_id(pairs: Sequence[tuple[Task, Candidate]]) -> None:
+    """Raise ValueError when two different tasks of a batch share an id: a batch keeps one reference per task id
+    (and a result store keys results by it), so the second task's candidates would be judged by the first's
+    outputs. `load_tasks` refuses such a set; a caller that builds its pairs itself meets the error here."""
+    code_of: dict[str, Task] = {}
+    for task, _ in pairs:
+        first = code_of.setdefault(task.id, task)
+        if first.sha256 != task.sha256:
+            raise ValueError(f"two different tasks share the id {task.id!r} ({first.source or 'no source'} and "
+                             f"{task.source or 'no source'}): give each task its own id")
 
 
 def evaluate(pairs: Sequence[tuple[Task, Candidate]], config: EvalConfig, out_dir: str | Path | None = None,
