@@ -67,8 +67,8 @@ HELP = {
     "scheduler.output_memory_gb": "Host memory, GiB, this process may hold for tasks' outputs (a task's reference trials and "
                                   "its candidates' frames in flight); a task that does not fit beside the others waits its "
                                   "turn. 0: half of what is available at the start.",
-    "scheduler.reference_cache_mb": "With --reuse-verdicts, keep a task's reference outputs for later runs when they "
-                                    "take at most this many MiB (larger ones run again); 0: keep none.",
+    "scheduler.reference_cache_mb": "With --reuse-verdicts, keep tasks' reference outputs in memory for the later "
+                                    "batches of this process, up to this many MiB in all; 0: keep none.",
     "scheduler.run_workers": "Concurrent run workers (a timing loop has the device to itself); 0: 1 on cpu; on cuda 4, or 8 "
                              "on a GPU with 128 GiB or more.",
     "scheduler.warm_workers": "Worker processes started ahead of their job (each still runs one job); -1: as many as run "

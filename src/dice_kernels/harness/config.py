@@ -266,9 +266,9 @@ class SchedulerConfig:
     # flight (harness/process/host_memory.py); a task that does not fit beside the others waits its turn, one that fits
     # nowhere runs alone. 0: half the memory available when the run starts
     output_memory_gb: float = 0.0
-    # with reuse_verdicts, a task's reference outputs are kept in cache_dir/references for later batches
-    # (harness/process/reference_cache.py) when all of them (trials, hardened trials, the re-checked call) take at
-    # most this many MiB: a larger one runs again rather than fill the disk. 0: keep none
+    # with reuse_verdicts, tasks' reference outputs (trials, hardened trials, the re-checked call) are kept in this
+    # process's memory for its later batches (harness/process/reference_cache.py), the least recently used dropped
+    # beyond this many MiB in all. 0: keep none
     reference_cache_mb: int = 256
 
     def __post_init__(self) -> None:

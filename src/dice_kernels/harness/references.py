@@ -1,7 +1,8 @@
 """Each task's reference: the trusted `Model` run in a worker for its outputs (and, unless a cached baseline stands
 in, its timing and speed-of-light inputs), computed once per task per batch, retried once when it fails, and
 admitted only when its outputs fit beside other tasks' (host_memory.py); freed after the task's last candidate.
-With `reuse_verdicts`, a reference kept by an earlier batch (process/reference_cache.py) stands in for the run."""
+With `reuse_verdicts`, a reference an earlier batch of this process kept (process/reference_cache.py) stands in
+for the run."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dice_kernels.harness.config import EvalConfig, total_memory_gib
 from dice_kernels.harness.robust.degenerate import breaking_trials, degenerate_flags
 from dice_kernels.harness.process.input_size import min_input_bytes
 from dice_kernels.harness.process.host_memory import OutputLedger, OutputsDeferred, task_need_bytes
-from dice_kernels.harness.process.reference_cache import ReferenceCache
+from dice_kernels.harness.process.reference_cache import KEPT_REFERENCES, reference_key
 from dice_kernels.harness.outcomes import Outcome
 from dice_kernels.harness.timing.platform import CeilingsCache, Platform
 from dice_kernels.harness.process.protocol import ReferencePart, RunJob
@@ -99,8 +100,8 @@ class ReferenceRunner:
         self.ceilings = CeilingsCache(config.cache_dir, platform)
         self.baselines = BaselineStore(config.cache_dir / "baselines.sqlite")
         context = verdict_context(config.settings(), platform.__dict__, harness_source())  # as the batch's verdicts
-        self.kept = (ReferenceCache(config.cache_dir, context, config.scheduler.reference_cache_mb << 20)
-                     if config.reuse_verdicts else None)
+        self.kept_context = context if config.reuse_verdicts and config.scheduler.reference_cache_mb else ""
+        self.kept_budget = config.scheduler.reference_cache_mb << 20
 
     def reference(self, task: Task, admit: Callable[[int], None] | None = None) -> Reference:
         """Run the task's Model for its outputs, and time it unless its baseline is cached (timing.baselines), or
@@ -115,8 +116,9 @@ class ReferenceRunner:
         cached = self._cached_baseline(key)
         # timed, a kept reference stands in only where a run would take the cached baseline (timing.baselines
         # "reuse"): it would then time nothing, and only its outputs are kept
-        if self.kept is not None and (not cfg.timing.enabled or cached is not None):
-            if (kept := self.kept.get(task.sha256)) is not None:
+        kept_key = reference_key(self.kept_context, task.sha256) if self.kept_context else ""
+        if kept_key and (not cfg.timing.enabled or cached is not None):
+            if (kept := KEPT_REFERENCES.get(kept_key)) is not None:
                 return self._reused(kept, cached, admit, start)
 
         def run(hardened: tuple[int, ...]) -> tuple[dict, list | None]:
@@ -156,8 +158,8 @@ class ReferenceRunner:
                                                  cfg.atol, cfg.rtol),
                         output_findings=frozenset(res.get("output_findings", [])), stateful=bool(res.get("stateful")),
                         wall_s=time.monotonic() - start, retried=retried)
-        if self.kept is not None:
-            self.kept.put(task.sha256, ref)
+        if kept_key:
+            KEPT_REFERENCES.put(kept_key, ref, self.kept_budget)
         return ref
 
     def _reused(self, kept: dict, cached: Baseline | None, admit: Callable[[int], None] | None,

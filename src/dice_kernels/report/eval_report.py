@@ -57,7 +57,7 @@ def reference_baselines(results: list[EvalResult]) -> dict:
 
 def reused_references(results: list[EvalResult]) -> dict:
     """The tasks whose candidates were compared with reference outputs an earlier batch kept (`reuse_verdicts`)
-    instead of running the reference, of the tasks a candidate ran against in this run (not a reused verdict or a
+    (in this process's memory) instead of running the reference, of the tasks a candidate ran against in this run (not a reused verdict or a
     duplicate, whose notes are their first evaluation's), and when those were computed."""
     ran = {r.task_id: r.reference.reused_from for r in results
            if r.reference and r.reference.baseline and not r.duplicate_of}
@@ -206,7 +206,7 @@ def markdown(s: dict, rows: list[dict] | None = None, chart: bool = False) -> st
     kept = s.get("reused_references") or {}
     if kept.get("reused"):
         lines += ["", f"Reference outputs: {kept['reused']} of {kept['tasks']} tasks' candidates were compared with "
-                  f"reference outputs kept from an earlier run (computed {kept['computed'][0]} to "
+                  f"reference outputs an earlier batch of this process kept (computed {kept['computed'][0]} to "
                   f"{kept['computed'][1]}; `--reuse-verdicts`), their references not run again."]
     if s.get("backend") == "cpu":
         lines += ["", "CPU backend: speedups are indicative only. They are C++ against PyTorch on one intra-op "
