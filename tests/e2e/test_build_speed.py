@@ -15,8 +15,9 @@ import pytest
 
 from dice_kernels.harness import BuildConfig, EvalConfig, Outcome, TimingConfig, evaluate
 from dice_kernels.harness.compiling.speed import (SPARE_TIME_NICE, PchPlan, announce_pch, build_pch, may_build_bare,
-                                                  normalize_cflags, pch_file, pch_variants, pch_wait_environment,
-                                                  plan_pch, planned_pch, read_pch_wait, reporting_nvcc)
+                                                  normalize_cflags, pch_file, pch_lock, pch_variants,
+                                                  pch_wait_environment, plan_pch, planned_pch, read_pch_wait,
+                                                  reporting_nvcc)
 from dice_kernels.harness.compiling.light_headers import (bare_cuda_arguments, declarations_only, lean_aten_headers,
                                                           light_cuda_sources, light_extension_header)
 
@@ -341,6 +342,50 @@ def test_a_spare_time_header_compiles_at_its_niceness(tmp_path):
     assert all(p.ready for p in plans)
     assert int((tmp_path / "first.nice").read_text()) == base
     assert int((tmp_path / "spare.nice").read_text()) == min(19, base + SPARE_TIME_NICE)
+
+
+def test_a_header_another_process_holds_is_built_once(tmp_path):
+    """Processes on one cache (the suite's two workers) plan the same headers: the one holding a header's lock
+    builds it, and the other waits for the lock instead of compiling it too. Here "another process" holds both
+    locks: it publishes one (not built again here) and its build of the other fails (built here after it)."""
+    import fcntl
+    import threading
+
+    record = ["sh", "-c", 'echo run >> "$0.runs"; : > "$2"']  # as build_pch runs it: `command header -o out`
+    published, failed = plans = [PchPlan(variant, tmp_path / "pch" / name, record, tmp_path / name)
+                                 for name, variant in (("published", ()), ("failed", ("-O3",)))]
+    announce_pch(plans, tmp_path)
+    held = [open(pch_lock(p.root), "a") for p in plans]
+    for lock in held:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    built = {}
+    thread = threading.Thread(target=lambda: built.update(build_pch(plans)))
+    thread.start()
+    pch_file(published.root).parent.mkdir(parents=True)
+    pch_file(published.root).write_bytes(b"")  # the other process publishes it, takes its mark away, unlocks
+    published.building.unlink()
+    held[0].close()
+    failed.building.unlink()  # its build of the other failed: mark taken away, unlocked
+    held[1].close()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and built == {"[]": str(published.root), '["-O3"]': str(failed.root)}
+    assert not (tmp_path / "published.runs").exists()  # the other's header, not compiled again
+    assert (tmp_path / "failed.runs").read_text() == "run\n"  # compiled here once the other's build had failed
+    assert not published.building.exists() and not failed.building.exists()
+
+
+def test_a_spare_time_header_another_process_builds_is_left_to_it_when_the_batch_is_over(tmp_path):
+    import fcntl
+    import threading
+
+    spare = PchPlan((), tmp_path / "pch" / "spare", ["false"], tmp_path / "spare", nice=SPARE_TIME_NICE)
+    announce_pch([spare], tmp_path)
+    over = threading.Event()
+    over.set()
+    with open(pch_lock(spare.root), "a") as held:  # another process is building it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert build_pch([spare], abandon=over) == {}
+        assert spare.building.exists()  # its mark stays: the other process's builds still wait for its header
 
 
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:

@@ -2,7 +2,8 @@
 
 A `load_inline` build compiles two translation units, each parsing PyTorch's heavy headers:
 - `main.cpp` starts with `#include <torch/extension.h>`: the trusted parent precompiles that header once per
-  (compiler flags, torch) into the build cache (`plan_pch`/`build_pch`, in the background). Builds that start
+  (compiler flags, torch) into the build cache (`plan_pch`/`build_pch`, in the background; on a cache shared by
+  processes, by the one holding its `pch_lock`). Builds that start
   before it is ready compile their CUDA unit meanwhile while `main.cpp` waits for the header
   (`announce_pch`, `pch_wait_environment`): parsing the header without it costs each build more than the wait.
   GCC uses a precompiled header only when it is valid for the compile at hand and otherwise parses the real
@@ -33,6 +34,7 @@ A `load_inline` build compiles two translation units, each parsing PyTorch's hea
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import json
@@ -307,13 +309,46 @@ def build_pch(plans: list[PchPlan], abandon: threading.Event | None = None) -> d
     return ready_pch(plans)
 
 
+def pch_lock(root: Path) -> Path:
+    """The lock whose holder builds the header at `root`: processes on one cache (the test suite's two workers, a
+    reward service beside `dice eval`) each planned it, and one builds it while the others wait for it (their
+    builds wait on the same mark), instead of each compiling the same ~790 MB header on cores the builds need."""
+    return root.with_name(root.name + ".lock")
+
+
 def _try_build(plan: PchPlan, abandon: threading.Event | None) -> None:
     try:
-        _build_pch(plan, abandon)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    finally:  # published, failed or abandoned: nobody waits any longer
-        plan.building.unlink(missing_ok=True)
+        plan.root.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(pch_lock(plan.root), "a")
+    except OSError:
+        lock = None  # nothing to share the build through: build it here
+    try:
+        if lock is not None and not _lock_unless_abandoned(lock, abandon):
+            return  # abandoned while another process builds it: that one takes the mark away when it is done
+        try:
+            if not plan.ready:  # another process may have published it meanwhile
+                if lock is not None:  # and one whose build failed took the mark away
+                    plan.building.write_text(str(plan.nice))
+                _build_pch(plan, abandon)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        finally:  # published, failed or abandoned: nobody waits any longer
+            plan.building.unlink(missing_ok=True)
+    finally:
+        if lock is not None:
+            lock.close()  # releases the lock
+
+
+def _lock_unless_abandoned(lock, abandon: threading.Event | None) -> bool:
+    """Take `lock` (an open file) for this header's build; False when `abandon` was set first."""
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if abandon is not None and abandon.is_set():
+                return False
+            time.sleep(0.1)
 
 
 def _run_unless_abandoned(command: list[str], abandon: threading.Event | None, timeout_s: float) -> bool:
