@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(config, items):
 def build_cache(tmp_path_factory) -> Path:
     """One build cache for the whole session, so each distinct extension compiles once. Under pytest-xdist (the
     README's `-n 2`) the workers share it, as a trainer's reward service and a `dice eval` run share one: the cache
-    is safe across processes, and a second worker finds the extensions the first built."""
+    is safe across processes, and a second worker finds the extensions the first built, and waits for a precompiled
+    header the first is building instead of compiling its own (`compiling/speed.py`, `pch_lock`)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = tmp_path_factory.getbasetemp().parent / "build-cache"  # the run's folder above each worker's
         shared.mkdir(exist_ok=True)
