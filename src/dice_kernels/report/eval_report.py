@@ -56,9 +56,9 @@ def reference_baselines(results: list[EvalResult]) -> dict:
 
 
 def reused_references(results: list[EvalResult]) -> dict:
-    """The tasks whose candidates were compared with reference outputs an earlier batch kept (`reuse_verdicts`)
-    (in this process's memory) instead of running the reference, of the tasks a candidate ran against in this run (not a reused verdict or a
-    duplicate, whose notes are their first evaluation's), and when those were computed."""
+    """The tasks whose candidates were compared with reference outputs an earlier batch of the process kept
+    (`reuse_verdicts`) instead of running the reference, of the tasks a candidate ran against in this run (not a
+    reused verdict or a duplicate, whose notes are their first evaluation's), and when those were computed."""
     ran = {r.task_id: r.reference.reused_from for r in results
            if r.reference and r.reference.baseline and not r.duplicate_of}
     reused = sorted(when for when in ran.values() if when)
