@@ -11,8 +11,8 @@ the second its op-by-op one (another program, so no kept verdict answers it). Bu
 unmeasured pass. Each round takes a new seed (part of the key: nothing an earlier round or run kept is found) and
 evaluates both batches in a fresh evaluator per arm, arms in turn; it reports the second batch's wall time and the
 `reference` seconds its results record, per arm. Untimed as the demo's validation and learning-curve benchmarks
-(--timed: with timing, max_s 1.0, as its final benchmarks). --smoke: the package's ReLU and AddMul examples
-(correct, then wrong), builds from --cache-dir when it holds them.
+(--timed: with timing, max_s 1.0, as its final benchmarks). --smoke: the package's ReLU and AddMul example tasks,
+each with a PyTorch-only program, then another (nothing to build: the script's path, not its figure).
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from dice_kernels.demo.world import HELDOUT, SLOW, WorldSizes, build_world, solutions
-from dice_kernels.harness import EvalConfig, Evaluator, TimingConfig, candidate_from_text, load_candidate
+from dice_kernels.harness import EvalConfig, Evaluator, TimingConfig, candidate_from_text
 from dice_kernels.tasks import load_task_file, task_from_code
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "dice_kernels" / "examples"
-SMOKE = {"19_ReLU": ("correct.py", "wrong.py"), "90_AddMul": ("correct.py", "wrong_shape.py")}
+# --smoke: per example task, two PyTorch-only ModelNew (the robust check calls both deceptive, with or without kept
+# references); AddMul's takes the task's init arguments and draws its scale as the task's Model does
+SMOKE = {"19_ReLU": ("", ("torch.relu(x)", "x.clamp(min=0)"), "x"),
+         "90_AddMul": ("features", ("(a * b + c) * self.scale", "torch.addcmul(c, a, b) * self.scale"), "a, b, c")}
 ARMS = {"kept references (reuse_verdicts)": True, "references run again": False}
 
 
@@ -46,13 +49,16 @@ def world_batches(n: int) -> tuple[list, list]:
 
 
 def example_batches() -> tuple[list, list]:
-    """--smoke: each example task with one solution, then another."""
+    """--smoke: each example task with one PyTorch-only program, then another."""
     batches: tuple[list, list] = ([], [])
-    for name, files in SMOKE.items():
+    for name, (init, forwards, args) in SMOKE.items():
         task = load_task_file(EXAMPLES / "tasks" / "level1" / f"{name}.py")
-        for batch, file in zip(batches, files):
-            batch.append((task, load_candidate(EXAMPLES / "solutions" / "cpu" / "level1" / name / file,
-                                               id=f"{name}/{file}")))
+        scale = "        self.scale = nn.Parameter(torch.randn(features))\n" if init else "        pass\n"
+        for k, (batch, forward) in enumerate(zip(batches, forwards)):
+            code = (f"import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                    f"    def __init__(self{', ' + init if init else ''}):\n        super().__init__()\n{scale}\n"
+                    f"    def forward(self, {args}):\n        return {forward}\n")
+            batch.append((task, candidate_from_text(code, id=f"{name}/{k}")))
     return batches
 
 

@@ -125,7 +125,7 @@ def test_eval_throughput_and_kernelbench_style(tmp_path, build_cache):
     assert doc["comparison"]["identical"] == 2 and "ratio ours-cold / KB-style" in out
 
 
-@pytest.mark.slow  # the builds of four examples (the session cache's), three evaluators
+@pytest.mark.slow  # three evaluators
 def test_reference_reuse(tmp_path, build_cache):
     out = _smoke("reference_reuse.py", "--cache-dir", str(build_cache), "--out", "rr.json", cwd=tmp_path)
     summary = _json(tmp_path / "rr.json")["summary"]
