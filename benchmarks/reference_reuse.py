@@ -1,5 +1,5 @@
 """Kept reference outputs (harness/process/reference_cache.py), side by side: the second batch of the same tasks,
-each with a new program, evaluated with `reuse_verdicts` (the references the first batch kept are loaded) and
+each with a new program, evaluated with `reuse_verdicts` (the references the first batch kept in memory stand in) and
 without (every reference runs again in a worker), as a demo's benchmarks and the RL reward meet the same tasks
 again.
 

@@ -29,8 +29,8 @@ HELP = {
     "cache_dir": "Build cache, shared across runs (default $DICE_CACHE_DIR or ~/.cache/dice-kernels/builds).",
     "reuse_verdicts": "Give a program evaluated before (same task, syntax tree, verdict-deciding settings, machine, "
                       "torch and harness) that verdict, timing included, without running it again (the cache "
-                      "folder's verdicts.sqlite), and compare a new program with its task's reference outputs kept "
-                      "from an earlier run (the cache folder's references/; docs/harness.md).",
+                      "folder's verdicts.sqlite), and compare a new program with its task's reference outputs an "
+                      "earlier batch of this process kept in memory (docs/harness.md).",
     "timing.enabled": "Time correct candidates and references.",
     "timing.iters": "Least timed calls per model; more follow until the median's 95% CI is within "
                     "--timing-target-ci of it (docs/timing.md).",
