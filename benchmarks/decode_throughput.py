@@ -8,6 +8,9 @@ attention code (eager). Random bf16 weights.
         --out d.json --profile-replays p.json                           # + GPU time and kernels of one replay
     python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
         --out dc.json --compile                                         # layers' regions and attention compiled
+    python benchmarks/decode_throughput.py --model 1.7B --batches 128 --prompt-len 830 --new-tokens 1024 \
+        --per-forward 1 --no-autoregressive --modes graphs,graphs_unshared --compile --group 8 \
+        --out dr.json                                                   # RL rollouts: a prompt read once per group
 
 Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
 graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
@@ -121,7 +124,12 @@ def main() -> None:
     parser.add_argument("--per-forward", default="1,2", help="tokens per forward of the block sampler (block 4)")
     parser.add_argument("--autoregressive", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the autoregressive decode")
-    parser.add_argument("--modes", default="eager,graphs", help="block-sampler modes to time: eager, graphs")
+    parser.add_argument("--modes", default="eager,graphs",
+                        help="block-sampler modes to time: eager, graphs, graphs_unshared (graphs without sharing a "
+                             "run's prompt K/V: SamplingConfig.share_prompts off)")
+    parser.add_argument("--group", type=int, default=1,
+                        help="each prompt decoded by this many consecutive rows, as an RL rollout group (compiled "
+                             "decoding reads a run's prompt K/V once); the batch holds batch / group prompts")
     parser.add_argument("--sdpa-only", action="store_true",
                         help="decode attention through SDPA, as before the matmul path (model.attention.SMALL_QUERY=0)")
     parser.add_argument("--compile", action="store_true",
@@ -150,17 +158,22 @@ def main() -> None:
 
     rows = []
     for batch in batches:
-        prompts = torch.randint(0, cfg.mask_token_id, (batch, args.prompt_len), device=device)
+        if batch % args.group:
+            parser.error(f"--group {args.group} does not divide batch {batch}")
+        prompts = torch.randint(0, cfg.mask_token_id, (batch // args.group, args.prompt_len), device=device)
+        prompts = prompts.repeat_interleave(args.group, dim=0)
         prompt_lists = prompts.tolist()
         runs = {}
         for per_forward in (int(k) for k in args.per_forward.split(",")):
             for mode in args.modes.split(","):
+                # older checkouts lack compile and share_prompts
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
-                                          strategy="static", cuda_graphs=mode == "graphs",
-                                          **({"compile": True} if args.compile else {}))  # older checkouts lack it
+                                          strategy="static", cuda_graphs=mode != "eager",
+                                          **({"compile": True} if args.compile else {}),
+                                          **({"share_prompts": False} if mode == "graphs_unshared" else {}))
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
                 name = f"block4_{per_forward}tok_{mode}"
-                if mode == "graphs":
+                if mode != "eager":
                     seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
                     runs[name + "_first"] = (seconds, out.forwards)
                 seconds, out = _timed(lambda: decode(model, prompt_lists, sampling, []))
@@ -180,7 +193,7 @@ def main() -> None:
     speedups = {b: tps(b, "block4_2tok_eager") / tps(b, "autoregressive") for b in batches}
     graph_gain = {b: tps(b, "block4_1tok_graphs") / tps(b, "block4_1tok_eager") for b in batches}
     print(f"model {args.model if not args.smoke else 'smoke'} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
-          f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {dtype}")
+          f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {dtype}, prompts in runs of {args.group}")
     print(f"{'batch':>5}  {'mode':<26} {'forwards':>8} {'ms/fwd':>8} {'tokens/s':>10}")
     for r in rows:
         print(f"{r['batch']:>5}  {r['mode']:<26} {r['forwards']:>8} {r['ms_per_forward']:>8.2f} {r['tokens_per_s']:>10.0f}")
@@ -199,7 +212,7 @@ def main() -> None:
     report = {
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
-        "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "group": args.group,
         "sdpa_only": args.sdpa_only, "compile": args.compile, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }

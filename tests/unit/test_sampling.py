@@ -3,6 +3,7 @@ from a checkpoint directory, and the `dice generate` command."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -179,6 +180,42 @@ def test_cached_flex_attention_decodes_like_eager(monkeypatch, strategy, tempera
     assert flex_calls and proposals  # the decode forwards went through flex, their proposals through the trace
     eager = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "compile": False}), NO_STOP)
     assert (compiled.tokens, compiled.unmask_steps) == (eager.tokens, eager.unmask_steps)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
+@pytest.mark.parametrize("strategy, temperature", [("static", 0.0), ("dynamic", 1.0)])
+def test_rows_decoding_one_prompt_read_it_from_one_copy_and_decode_as_unshared(monkeypatch, strategy, temperature):
+    """Compiled decoding of prompts in runs (3 prompts x 4 rows, an RL group each; lengths ending inside a block, on
+    a block boundary and past a flex block) keeps each run's prompt K/V once, and attends over it and over the
+    rows' own slots separately, merged: the tokens of decoding without sharing, sampled rows drawing their own."""
+    model = tiny_model()
+    prompts = [list(range(30 + i, 30 + i + n)) for i, n in enumerate((6, 8, 131)) for _ in range(4)]
+    monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
+    monkeypatch.setattr(decoder, "compiled_ops", _traced_layer_ops)
+    shared_calls, prompt_caches = [], []
+    monkeypatch.setattr(attention, "_prefix_then_rest",
+                        lambda *args, real=attention._prefix_then_rest: shared_calls.append(1) or real(*args))
+    monkeypatch.setattr(decoder, "KVCache", lambda *args, real=decoder.KVCache: prompt_caches.append(args) or real(*args))
+    cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True, strategy=strategy, temperature=temperature,
+                         threshold=0.3, seed=3)
+    shared = decode(model, prompts, cfg, NO_STOP)
+    assert shared_calls and [args[1] for args in prompt_caches] == [12, 3]  # the rows' cache, then one per run
+    assert len({tuple(t) for t in shared.tokens}) > 3 if temperature else True  # a run's rows sample apart
+    shared_calls.clear()
+    unshared = decode(model, prompts, SamplingConfig(**{**cfg.__dict__, "share_prompts": False}), NO_STOP)
+    assert not shared_calls
+    assert (shared.tokens, shared.unmask_steps) == (unshared.tokens, unshared.unmask_steps)
+
+
+def test_prompt_runs_are_found_only_where_every_row_of_a_run_has_its_prompt():
+    a, b, short = [1] * 9, [2] * 9, [3] * 3
+    assert decoder.prompt_runs([a, a, b, b], block=4) == 2
+    assert decoder.prompt_runs([a, a, a, a], block=4) == 4
+    assert decoder.prompt_runs([a, a, b, b, b], block=4) == 1  # runs of unequal length
+    assert decoder.prompt_runs([a, b, a, b], block=4) == 1
+    assert decoder.prompt_runs([a, a, b, a], block=4) == 1
+    assert decoder.prompt_runs([short, short], block=4) == 1  # no whole block before the first decode block
+    assert decoder.prompt_runs([a], block=4) == 1
 
 
 def test_the_mask_token_is_never_generated():
@@ -389,6 +426,34 @@ def test_compiled_sampling_of_rl_rollout_shapes_runs():
     out = decode(model, prompts, sampling, [])  # no stop id: NO_STOP is an ordinary token of this vocabulary
     assert [len(t) for t in out.tokens] == [256] * 128
     assert decoder._WORKSPACES[model].forward.cache.k.shape[3] % attention.FLEX_BLOCK == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_decoding_of_rollout_groups_reads_each_prompt_once_and_decodes_as_unshared(dtype):
+    """Inductor's two flex-decoding kernels (a run's prompt, the rows' own slots) and their merge, in CUDA graphs, at
+    SDAR-1.7B's attention shape: 4 prompts of 200-330 tokens x 8 rows, greedy. fp32 gives unshared decoding's tokens.
+    bf16 rounds the two partial outputs before merging them, so a near tie can go the other way and a row's later
+    tokens with it: there a run's rows agree with each other, and most rows' first block with unshared decoding's."""
+    from dice_kernels.model import BlockDiffusionLM, ModelConfig
+
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, mask_token_id=1023)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = BlockDiffusionLM(cfg).to(dtype).eval()
+    prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate((200, 255, 301, 330)) for _ in range(8)]
+    sampling = SamplingConfig(max_new_tokens=128, compile=True)
+    shared = decode(model, prompts, sampling, [])
+    assert decoder._WORKSPACES[model].forward.prompts.k.shape[1] == 4  # one copy per run
+    unshared = decode(model, prompts, dataclasses.replace(sampling, share_prompts=False), [])
+    assert decoder._WORKSPACES[model].forward.prompts is None
+    if dtype == torch.float32:
+        assert shared.tokens == unshared.tokens
+    else:
+        assert all(shared.tokens[i] == shared.tokens[i - i % 8] for i in range(32))
+        assert sum(s[:4] == u[:4] for s, u in zip(shared.tokens, unshared.tokens)) >= 24
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -1,7 +1,8 @@
 """Who may attend to whom, and the kernels that apply it. The block-diffusion rule is one `mask_mod` function
 of per-token metadata (`Layout`); FlexAttention evaluates it lazily (no L x L tensor), and the SDPA path (KV cache,
 CPU, the dense benchmark variant) gets its boolean mask from the same function, evaluated with broadcasting. Compiled
-decoding attends over the KV cache through flex too (`cached_block_mask`)."""
+decoding attends over the KV cache through flex too (`cached_block_mask`), and rows decoding one prompt read its K/V
+from one copy (`SharedPrefix`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -90,17 +91,40 @@ def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, devi
 FLEX_BLOCK = 128
 
 
-def cached_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, slots: int,
-                      device: torch.device) -> BlockMask:
+def cached_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int | Tensor, slots: int,
+                      device: torch.device, skip: Tensor | None = None) -> BlockMask:
     """A flex `BlockMask` for `q_len` cached queries attending over the whole cache, slots [0, `slots`), of which only
-    [0, kv_len) may be visible: the key blocks below kv_len are listed (as partial blocks: `mask_mod` decides within
-    them), the later ones skipped without being read. The key length is the cache's for every kv_len, so one compile
-    of the attention serves every span. Built from tensors only (no compile, no host sync): capturable in a CUDA
-    graph. `mask_mod` must hide every slot at or past kv_len itself too: eager flex (CPU) ignores the block list."""
-    listed = torch.full((batch, 1, 1), -(-kv_len // FLEX_BLOCK), dtype=torch.int32, device=device)
-    order = torch.arange(-(-slots // FLEX_BLOCK), dtype=torch.int32, device=device).repeat(batch, 1, 1, 1)
-    return BlockMask.from_kv_blocks(listed, order, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+    [0, kv_len) may be visible (`kv_len`: one bound, or one per row): the key blocks below kv_len are listed (as
+    partial blocks: `mask_mod` decides within them), the later ones skipped without being read; so are the key
+    blocks wholly below `skip` [batch], a row's slots another attention reads (`SharedPrefix`). The key length is
+    the cache's for every kv_len, so one compile of the attention serves every span. Built from tensors only (no
+    compile, no host sync): capturable in a CUDA graph. `mask_mod` must hide every slot at or past kv_len (and
+    below skip) itself too: eager flex (CPU) ignores the block list."""
+    blocks = -(-slots // FLEX_BLOCK)
+    first = (torch.zeros(batch, dtype=torch.int32, device=device) if skip is None
+             else (skip // FLEX_BLOCK).to(torch.int32))
+    listed = (-(-kv_len // FLEX_BLOCK) - first).to(torch.int32)[:, None, None]
+    order = (torch.arange(blocks, dtype=torch.int32, device=device) + first[:, None]).clamp(max=blocks - 1)
+    return BlockMask.from_kv_blocks(listed, order[:, None, None], BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
                                     seq_lengths=(q_len, slots), compute_q_blocks=False)
+
+
+def hide_before(mask_mod: MaskMod, first: Tensor) -> MaskMod:
+    """`mask_mod` with each row's slots below `first` [B] hidden as well."""
+
+    def hidden_before(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return mask_mod(b, h, q_idx, kv_idx) & (kv_idx >= first[b])
+
+    return hidden_before
+
+
+def prefix_block_mask(lengths: Tensor, q_len: int, slots: int) -> BlockMask:
+    """Every query of run r sees slots [0, lengths[r]) of its prefix copy, which holds `slots` slots."""
+
+    def within_prefix(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx < lengths[b]
+
+    return cached_block_mask(within_prefix, lengths.shape[0], q_len, lengths, slots, lengths.device)
 
 
 class KVCache:
@@ -135,19 +159,33 @@ class KVCache:
         return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
 
 
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Rows that decode one prompt, in runs of `group` consecutive rows (an RL rollout group), see the same K/V in
+    their first slots: `cache` holds those slots once per run (batch B / group), and `mask` (`prefix_block_mask`)
+    lets each run's group x Q queries see its first `length` of them. The batch's own cache lists none of those slots
+    (`cached_block_mask`'s skip) so a forward reads a run's prompt once instead of `group` times."""
+
+    group: int
+    cache: KVCache
+    mask: BlockMask
+
+
 @dataclass
 class Attention:
     """How the tokens of one forward attend.
 
-    mask:  a flex `BlockMask` (with a cache: a `cached_block_mask`), or a dense bool [B, 1, Q, K] (SDPA path);
-    cache: if given, each layer writes its K/V to `slots` [B, Q] and attends over cache slots [0, kv_len),
-           so K is the cache, not the forward's own tokens.
+    mask:   a flex `BlockMask` (with a cache: a `cached_block_mask`), or a dense bool [B, 1, Q, K] (SDPA path);
+    cache:  if given, each layer writes its K/V to `slots` [B, Q] and attends over cache slots [0, kv_len),
+            so K is the cache, not the forward's own tokens;
+    prefix: if given (with a flex mask over the cache), the cache's first slots are read from it instead.
     """
 
     mask: BlockMask | Tensor
     cache: KVCache | None = None
     slots: Tensor | None = None
     kv_len: int = 0
+    prefix: SharedPrefix | None = None
 
 
 # Up to this many queries per kv head (GQA-folded), a cached forward attends with two batched matmuls instead of
@@ -186,6 +224,36 @@ def _compiled_small_query_flex() -> Callable:
     Its own code object, so its compiles (one per query count, batch and cache length) have their own torch._dynamo
     recompile limit rather than sharing training's."""
     return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": True})
+
+
+def _prefix_then_rest(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix_k: Tensor, prefix_v: Tensor,
+                      prefix_mask: BlockMask) -> Tensor:
+    """Attention over a shared prefix and over each row's own slots, merged by their log-sum-exps: the softmax over
+    both sets of keys at once. A run's rows send their queries as one row of group x Q queries over its prefix."""
+    batch, heads, queries, dim = q.shape
+    runs = prefix_k.shape[0]
+    grouped = q.reshape(runs, batch // runs, heads, queries, dim).transpose(1, 2).reshape(runs, heads, -1, dim)
+    lse = AuxRequest(lse=True)
+    out_p, aux_p = flex_attention(grouped, prefix_k, prefix_v, block_mask=prefix_mask, enable_gqa=True, return_aux=lse)
+    out_r, aux_r = flex_attention(q, k, v, block_mask=mask, enable_gqa=True, return_aux=lse)
+    out_p = out_p.reshape(runs, heads, -1, queries, dim).transpose(1, 2).reshape(batch, heads, queries, dim)
+    lse_p = aux_p.lse.reshape(runs, heads, -1, queries).transpose(1, 2).reshape(batch, heads, queries)
+    both = torch.logaddexp(lse_p, aux_r.lse)
+    merged = out_p.float() * (lse_p - both).exp()[..., None] + out_r.float() * (aux_r.lse - both).exp()[..., None]
+    return merged.to(q.dtype)
+
+
+@functools.cache
+def _compiled_prefix_then_rest() -> Callable:
+    """`_prefix_then_rest` through torch.compile, as `_compiled_small_query_flex`: two flex-decoding kernels and the
+    merge fused into one element-wise pass."""
+    return torch.compile(_prefix_then_rest, dynamic=False, fullgraph=True, options={"max_autotune": True})
+
+
+def attend_with_prefix(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix: SharedPrefix, layer: int) -> Tensor:
+    """`attend` over a KV cache whose first slots are read from `prefix` (layer `layer` of its cache)."""
+    run = _compiled_prefix_then_rest() if q.is_cuda else _prefix_then_rest
+    return run(q, k, v, mask, prefix.cache.k[layer], prefix.cache.v[layer], prefix.mask)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor, cached: bool = False) -> Tensor:

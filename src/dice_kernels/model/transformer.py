@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from dice_kernels.model.attention import Attention, attend, fold_gqa_mask
+from dice_kernels.model.attention import Attention, attend, attend_with_prefix, fold_gqa_mask
 from dice_kernels.model.config import ModelConfig
 
 
@@ -116,7 +116,11 @@ class SelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if attn.cache is not None:
             k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
-        return attend(q, k, v, attn.mask, cached=attn.cache is not None).transpose(1, 2).reshape(batch, length, -1)
+        if attn.prefix is not None:
+            out = attend_with_prefix(q, k, v, attn.mask, attn.prefix, self.layer_idx)
+        else:
+            out = attend(q, k, v, attn.mask, cached=attn.cache is not None)
+        return out.transpose(1, 2).reshape(batch, length, -1)
 
 
 class MLP(nn.Module):

@@ -6,7 +6,8 @@ The graphs, with the state, cache and stop-id tensors they read, are kept per mo
 shape (`release_graphs` frees them). `SamplingConfig.compile` also fuses each layer's element-wise work with
 torch.compile (`model.transformer.compiled_ops`), attends through compiled flex over the KV cache in place
 (`model.attention.cached_block_mask`) and proposes tokens in fused reductions (greedy, or sampled without top-k /
-top-p), before the graphs capture it."""
+top-p), before the graphs capture it; rows that decode one prompt (an RL rollout group) read its K/V from one copy
+(`model.attention.SharedPrefix`)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import torch
 from torch import Tensor
 
 from dice_kernels.config_io import ConfigError
-from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, block_diffusion_mask_mod,
-                                          cached_block_mask, dense_mask)
+from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, SharedPrefix,
+                                          block_diffusion_mask_mod, cached_block_mask, dense_mask, hide_before,
+                                          prefix_block_mask)
 from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, exponentials, sample_tokens, transfer_count
 
@@ -55,6 +57,10 @@ class SamplingConfig:
     # compile for the decode shapes; flex and proposals: one per shape); tokens may differ from uncompiled decoding
     # by low-precision rounding. Ignored on CPU.
     compile: bool = False
+    # Compiled, with no row taking a second prompt: when the prompts come in runs of one prompt repeated (an RL
+    # rollout group), each forward reads a run's prompt K/V once, not once per row (`prompt_runs`); tokens may
+    # differ from unshared decoding by low-precision rounding
+    share_prompts: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -168,7 +174,7 @@ class _CachedForward:
     advance: Callable[[Tensor, Tensor], None]
 
     def __init__(self, model: BlockDiffusionLM, state: _State, block: int, graphs: bool, graph_denoise: bool,
-                 compiled: bool):
+                 compiled: bool, run: int = 1, prompt_slots: int = 0):
         cfg, seq = model.config, state.seq
         # compiled: the layers run compiled regions, and decode forwards attend through flex (`_forward`)
         self.model, self.block, self.graph_denoise, self.compiled = model, block, graph_denoise, compiled
@@ -181,8 +187,17 @@ class _CachedForward:
         # whole flex blocks: inductor's flex-decoding kernel failed every autotuned config (illegal memory access)
         # over a 1,284-slot cache on an H100, the rollouts of 16 KernelBench prompts with 256 new tokens
         slots = -(-(seq.shape[1] + block) // FLEX_BLOCK) * FLEX_BLOCK
+        dtype = next(model.parameters()).dtype
         self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, slots, cfg.head_dim,
-                             next(model.parameters()).dtype, seq.device)
+                             dtype, seq.device)
+        # run > 1 (compiled only): rows [i * run, (i + 1) * run) decode one prompt, whose slots before the first decode
+        # block live once per run here (room for `prompt_slots`, whole flex blocks), not in the rows' cache
+        self.run = run
+        self.prompts = None
+        if run > 1:
+            prompt_slots = -(-prompt_slots // FLEX_BLOCK) * FLEX_BLOCK
+            self.prompts = KVCache(cfg.num_hidden_layers, seq.shape[0] // run, cfg.num_key_value_heads, prompt_slots,
+                                   cfg.head_dim, dtype, seq.device)
 
     def prefill(self, state: _State) -> None:
         """Write the K/V of every row's prompt up to the furthest row's first decode block."""
@@ -190,12 +205,16 @@ class _CachedForward:
         if prefill:
             # Rows with shorter prompts prefill tokens past their own start too: those slots lie in blocks
             # their current block cannot see, and are overwritten before they become visible.
-            self._write_clean(state.seq[:, :prefill], self.cache)
+            if self.prompts is not None:  # once per run: its rows' prompts are the same
+                self._write_clean(state.seq[:: self.run, :prefill], self.prompts)
+            else:
+                self._write_clean(state.seq[:, :prefill], self.cache)
 
     def prefill_row(self, state: _State, row: int, length: int) -> None:
         """Write the K/V of `row`'s new prompt up to its first decode block (`length` slots) into that row's cache.
         Its slots past that hold the previous response's K/V: later blocks, hidden until its own overwrite them.
         Eager layer ops: a compiled region would compile once per prompt length."""
+        assert self.prompts is None, "rows that share a prompt never take another"
         if length:
             with self.model.using_layer_ops(EAGER_OPS):
                 self._write_clean(state.seq[row: row + 1, :length], self.cache.row(row))
@@ -270,12 +289,21 @@ class _CachedForward:
         # data and scratch slots in later blocks, which the block rule hides.
         keys = Layout(doc=torch.zeros_like(k_pos), pos=k_pos, noisy=k_pos >= state.start[:, None])
         mask_mod = block_diffusion_mask_mod(queries, keys, block)
+        prefix = None
+        if self.prompts is not None:
+            # a row's slots before its first decode block hold its run's prompt: read from the run's copy
+            shared = first_block(state.prompt_len, block)[0]
+            mask_mod = hide_before(mask_mod, shared)
+            prefix = SharedPrefix(self.run, self.prompts, prefix_block_mask(shared[:: self.run], self.run * q_pos.shape[1],
+                                                                            self.prompts.k.shape[3]))
         if self.compiled:
-            mask = cached_block_mask(mask_mod, *q_pos.shape, kv_len, slots, cur.device)
+            skip = None if prefix is None else shared
+            mask = cached_block_mask(mask_mod, *q_pos.shape, kv_len, slots, cur.device, skip=skip)
         else:
             mask = dense_mask(mask_mod, *q_pos.shape, kv_len, cur.device)
         ids = state.seq.gather(1, q_pos)
-        return self.model(ids, q_pos, Attention(mask, self.cache, q_slots, slots), keep=slice(-block, None))
+        return self.model(ids, q_pos, Attention(mask, self.cache, q_slots, slots, prefix=prefix),
+                          keep=slice(-block, None))
 
 
 def _uncached_forward(model: BlockDiffusionLM, state: _State, block: int, kv_len: int) -> Tensor:
@@ -405,13 +433,26 @@ def release_graphs(model: BlockDiffusionLM) -> None:
     gc.collect()
 
 
+def prompt_runs(prompts: list[list[int]], block: int) -> int:
+    """The length of the runs of one prompt repeated that `prompts` consists of (an RL rollout group's size), when
+    every run is that long and every prompt fills a block (its shared slots: those before its first decode block);
+    else 1."""
+    run = 1
+    while run < len(prompts) and prompts[run] == prompts[0]:
+        run += 1
+    if run == 1 or len(prompts) % run or min(map(len, prompts)) < block:
+        return 1
+    same = all(prompts[i] == prompts[i - i % run] for i in range(len(prompts)))
+    return run if same else 1
+
+
 def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg: SamplingConfig,
-               block: int) -> _Workspace:
+               block: int, run: int = 1) -> _Workspace:
     """The model's kept workspace when everything its graphs baked in matches (batch and buffer length, the
     settings, the stop ids, the weights' addresses), refilled with this call's state; else a new one, kept when
     graphs are on. Greedy steps draw no random numbers, so they are replayed from the graph with the forward."""
     params = tuple(p.data_ptr() for p in model.parameters())
-    key = (tuple(state.seq.shape), dataclasses.replace(cfg, seed=None), tuple(stop_ids), block, params)
+    key = (tuple(state.seq.shape), dataclasses.replace(cfg, seed=None), tuple(stop_ids), block, run, params)
     kept = _WORKSPACES.get(model)
     if kept is not None and kept.key == key:
         for f in dataclasses.fields(_State):
@@ -420,7 +461,8 @@ def _workspace(model: BlockDiffusionLM, state: _State, stop_ids: list[int], cfg:
     _WORKSPACES.pop(model, None)  # its cache and graphs go before the new ones are allocated
     stops = torch.tensor(stop_ids, dtype=torch.long, device=state.seq.device)
     forward = _CachedForward(model, state, block, cfg.cuda_graphs, graph_denoise=cfg.greedy,
-                             compiled=_compiles(cfg, state.seq.device))
+                             compiled=_compiles(cfg, state.seq.device), run=run,
+                             prompt_slots=state.seq.shape[1] - cfg.max_new_tokens)
     space = _Workspace(key, state, stops, forward)
     if forward.graphs is not None:
         _WORKSPACES[model] = space
@@ -457,7 +499,10 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
     cached = None
     if cfg.use_cache:
-        space = _workspace(model, state, stop_ids, cfg, block)
+        # one prompt per row for the whole call (none waiting), compiled: a run of rows can share its prompt's K/V
+        width = state.seq.shape[0]
+        shares = cfg.share_prompts and _compiles(cfg, device) and width == len(prompts)
+        space = _workspace(model, state, stop_ids, cfg, block, prompt_runs(prompts, block) if shares else 1)
         state, stops, cached = space.state, space.stops, space.forward
         cached.prefill(state)
     else:
