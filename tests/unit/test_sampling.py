@@ -207,7 +207,7 @@ def test_rows_decoding_one_prompt_read_it_from_one_copy_and_decode_as_unshared(m
     assert (shared.tokens, shared.unmask_steps) == (unshared.tokens, unshared.unmask_steps)
 
 
-def test_prompt_runs_are_found_only_where_every_row_of_a_run_has_its_prompt():
+def test_prompt_runs_are_found_only_where_every_row_of_a_run_has_its_prompt_and_share_copies_by_the_tile():
     a, b, short = [1] * 9, [2] * 9, [3] * 3
     assert decoder.prompt_runs([a, a, b, b], block=4) == 2
     assert decoder.prompt_runs([a, a, a, a], block=4) == 4
@@ -216,6 +216,9 @@ def test_prompt_runs_are_found_only_where_every_row_of_a_run_has_its_prompt():
     assert decoder.prompt_runs([a, a, b, a], block=4) == 1
     assert decoder.prompt_runs([short, short], block=4) == 1  # no whole block before the first decode block
     assert decoder.prompt_runs([a], block=4) == 1
+    # a copy serves as many rows as fit flex-decoding's 64-query tile when they commit (SDAR: 2 x 4 queries x 2 heads)
+    assert [decoder.rows_per_prompt_copy(8, q) for q in (16, 8, 64, 128)] == [4, 8, 1, 1]
+    assert decoder.rows_per_prompt_copy(6, 16) == 3
 
 
 def test_the_mask_token_is_never_generated():
@@ -446,7 +449,7 @@ def test_compiled_decoding_of_rollout_groups_reads_each_prompt_once_and_decodes_
     prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate((200, 255, 301, 330)) for _ in range(8)]
     sampling = SamplingConfig(max_new_tokens=128, compile=True)
     shared = decode(model, prompts, sampling, [])
-    assert decoder._WORKSPACES[model].forward.prompts.k.shape[1] == 4  # one copy per run
+    assert decoder._WORKSPACES[model].forward.prompts.k.shape[1] == 8  # one copy per 4 rows: 64 queries a tile
     unshared = decode(model, prompts, dataclasses.replace(sampling, share_prompts=False), [])
     assert decoder._WORKSPACES[model].forward.prompts is None
     if dtype == torch.float32:

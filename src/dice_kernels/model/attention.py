@@ -161,10 +161,10 @@ class KVCache:
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """Rows that decode one prompt, in runs of `group` consecutive rows (an RL rollout group), see the same K/V in
-    their first slots: `cache` holds those slots once per run (batch B / group), and `mask` (`prefix_block_mask`)
-    lets each run's group x Q queries see its first `length` of them. The batch's own cache lists none of those slots
-    (`cached_block_mask`'s skip) so a forward reads a run's prompt once instead of `group` times."""
+    """Rows that decode one prompt (an RL rollout group) see the same K/V in their first slots: `cache` holds those
+    slots once per `group` consecutive rows (batch B / group), and `mask` (`prefix_block_mask`) lets the group's
+    group x Q queries see the prompt's part of them. The batch's own cache lists none of those slots
+    (`cached_block_mask`'s skip), so a forward reads the prompt once per group instead of once per row."""
 
     group: int
     cache: KVCache
