@@ -201,7 +201,7 @@ class _CachedForward:
         self.prompts = None
         if self.run > 1:
             prompt_slots = -(-prompt_slots // FLEX_BLOCK) * FLEX_BLOCK
-            self.prompts = KVCache(cfg.num_hidden_layers, seq.shape[0] // run, cfg.num_key_value_heads, prompt_slots,
+            self.prompts = KVCache(cfg.num_hidden_layers, seq.shape[0] // self.run, cfg.num_key_value_heads, prompt_slots,
                                    cfg.head_dim, dtype, seq.device)
 
     def prefill(self, state: _State) -> None:
