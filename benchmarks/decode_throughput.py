@@ -9,7 +9,7 @@ attention code (eager). Random bf16 weights.
     python benchmarks/decode_throughput.py --batches 128 --per-forward 1 --no-autoregressive --modes graphs \
         --out dc.json --compile                                         # layers' regions and attention compiled
     python benchmarks/decode_throughput.py --model 1.7B --batches 128 --prompt-len 830 --new-tokens 1024 \
-        --per-forward 1 --no-autoregressive --modes graphs,graphs_unshared --compile --group 8 \
+        --per-forward 1 --no-autoregressive --modes graphs_unshared,graphs_shared --compile --group 8 \
         --out dr.json                                                   # RL rollouts: a prompt read once per group
 
 Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
@@ -125,8 +125,8 @@ def main() -> None:
     parser.add_argument("--autoregressive", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the autoregressive decode")
     parser.add_argument("--modes", default="eager,graphs",
-                        help="block-sampler modes to time: eager, graphs, graphs_unshared (graphs without sharing a "
-                             "run's prompt K/V: SamplingConfig.share_prompts off)")
+                        help="block-sampler modes to time: eager, graphs, graphs_shared and graphs_unshared (graphs "
+                             "with and without SamplingConfig.share_prompts: a run's prompt K/V read once per few rows)")
     parser.add_argument("--group", type=int, default=1,
                         help="each prompt decoded by this many consecutive rows, as an RL rollout group (compiled "
                              "decoding reads a run's prompt K/V once); the batch holds batch / group prompts")
@@ -170,7 +170,7 @@ def main() -> None:
                 sampling = SamplingConfig(max_new_tokens=args.new_tokens, block_size=4, steps=4 // per_forward,
                                           strategy="static", cuda_graphs=mode != "eager",
                                           **({"compile": True} if args.compile else {}),
-                                          **({"share_prompts": False} if mode == "graphs_unshared" else {}))
+                                          **({"share_prompts": mode == "graphs_shared"} if "shared" in mode else {}))
                 decode(model, prompt_lists, replace(sampling, max_new_tokens=16), [])  # warm-up
                 name = f"block4_{per_forward}tok_{mode}"
                 if mode != "eager":

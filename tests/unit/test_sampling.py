@@ -198,7 +198,7 @@ def test_rows_decoding_one_prompt_read_it_from_one_copy_and_decode_as_unshared(m
                         lambda *args, real=attention._prefix_then_rest: shared_calls.append(1) or real(*args))
     monkeypatch.setattr(decoder, "KVCache", lambda *args, real=decoder.KVCache: prompt_caches.append(args) or real(*args))
     cfg = SamplingConfig(max_new_tokens=40, steps=2, compile=True, strategy=strategy, temperature=temperature,
-                         threshold=0.3, seed=3)
+                         threshold=0.3, seed=3, share_prompts=True)
     shared = decode(model, prompts, cfg, NO_STOP)
     assert shared_calls and [args[1] for args in prompt_caches] == [24, 6]  # the rows' cache, then one per 4 rows
     if temperature:
@@ -449,7 +449,7 @@ def test_compiled_decoding_of_rollout_groups_reads_each_prompt_once_and_decodes_
     with torch.device("cuda"):
         model = BlockDiffusionLM(cfg).to(dtype).eval()
     prompts = [[(7 * i + j) % 1000 for j in range(n)] for i, n in enumerate((200, 255, 301, 330)) for _ in range(8)]
-    sampling = SamplingConfig(max_new_tokens=128, compile=True)
+    sampling = SamplingConfig(max_new_tokens=128, compile=True, share_prompts=True)
     shared = decode(model, prompts, sampling, [])
     assert decoder._WORKSPACES[model].forward.prompts.k.shape[1] == 8  # one copy per 4 rows: 64 queries a tile
     unshared = decode(model, prompts, dataclasses.replace(sampling, share_prompts=False), [])

@@ -63,9 +63,10 @@ class SamplingConfig:
     # by low-precision rounding. Ignored on CPU.
     compile: bool = False
     # Compiled, with no row taking a second prompt: when the prompts come in runs of one prompt repeated (an RL
-    # rollout group), each forward reads a run's prompt K/V once, not once per row (`prompt_runs`); tokens may
-    # differ from unshared decoding by low-precision rounding
-    share_prompts: bool = True
+    # rollout group), each forward reads a run's prompt K/V once per few rows, not once per row (`prompt_runs`);
+    # tokens may differ from unshared decoding by low-precision rounding. Off until a GPU run shows it faster
+    # (docs/bench.md)
+    share_prompts: bool = False
 
     @property
     def greedy(self) -> bool:
