@@ -162,11 +162,10 @@ class KVCache:
 @dataclass(frozen=True)
 class SharedPrefix:
     """Rows that decode one prompt (an RL rollout group) see the same K/V in their first slots: `cache` holds those
-    slots once per `group` consecutive rows (batch B / group), and `mask` (`prefix_block_mask`) lets the group's
-    group x Q queries see the prompt's part of them. The batch's own cache lists none of those slots
-    (`cached_block_mask`'s skip), so a forward reads the prompt once per group instead of once per row."""
+    slots once per G consecutive rows (its batch: B / G), and `mask` (`prefix_block_mask`) lets those rows' G x Q
+    queries see the prompt's part of them. The batch's own cache lists none of those slots (`cached_block_mask`'s
+    skip), so a forward reads the prompt once per G rows instead of once per row."""
 
-    group: int
     cache: KVCache
     mask: BlockMask
 

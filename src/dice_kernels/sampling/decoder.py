@@ -300,8 +300,8 @@ class _CachedForward:
             # a row's slots before its first decode block hold its run's prompt: read from the run's copy
             shared = first_block(state.prompt_len, block)[0]
             mask_mod = hide_before(mask_mod, shared)
-            prefix = SharedPrefix(self.run, self.prompts, prefix_block_mask(shared[:: self.run], self.run * q_pos.shape[1],
-                                                                            self.prompts.k.shape[3]))
+            prefix = SharedPrefix(self.prompts, prefix_block_mask(shared[:: self.run], self.run * q_pos.shape[1],
+                                                                  self.prompts.k.shape[3]))
         if self.compiled:
             skip = None if prefix is None else shared
             mask = cached_block_mask(mask_mod, *q_pos.shape, kv_len, slots, cur.device, skip=skip)
