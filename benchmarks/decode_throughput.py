@@ -135,6 +135,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="fuse each layer's element-wise regions, attention and greedy proposals with "
                              "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
+    parser.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --compile: autotune the flex-decoding kernels when first compiled "
+                             "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -148,9 +151,11 @@ def main() -> None:
         cfg = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, mask_token_id=511)
         args.batches, args.prompt_len, args.new_tokens, dtype = "1,4", 16, 16, torch.float32
+    import dice_kernels.model.attention as attention
     if args.sdpa_only:
-        import dice_kernels.model.attention as attention
         attention.SMALL_QUERY = 0
+    if not args.flex_autotune:
+        attention.FLEX_DECODING_AUTOTUNE = False
     torch.manual_seed(0)
     with torch.device(device):
         model = BlockDiffusionLM(cfg).to(dtype).eval()
@@ -213,7 +218,7 @@ def main() -> None:
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "group": args.group,
-        "sdpa_only": args.sdpa_only, "compile": args.compile, "modes": args.modes,
+        "sdpa_only": args.sdpa_only, "compile": args.compile, "flex_autotune": args.flex_autotune, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:

@@ -214,6 +214,12 @@ def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
+# Whether compiled decoding's flex kernels are autotuned (max_autotune) when first compiled. Fresh processes at the RL
+# rollouts' shape died in that autotuning with an illegal memory access in 4 of 6 tries on H100s (docs/bench.md):
+# module-level so a benchmark can turn it off before the first compile, to compare.
+FLEX_DECODING_AUTOTUNE = True
+
+
 @functools.cache
 def _compiled_small_query_flex() -> Callable:
     """Flex for a few queries over a KV cache (`cached_block_mask`): inductor lowers it to its flex-decoding kernel,
@@ -222,7 +228,7 @@ def _compiled_small_query_flex() -> Callable:
     max_autotune times its few tile configs at compile time: the untuned default runs without software pipelining.
     Its own code object, so its compiles (one per query count, batch and cache length) have their own torch._dynamo
     recompile limit rather than sharing training's."""
-    return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": True})
+    return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": FLEX_DECODING_AUTOTUNE})
 
 
 def _prefix_then_rest(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix_k: Tensor, prefix_v: Tensor,
@@ -246,7 +252,8 @@ def _prefix_then_rest(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix_k
 def _compiled_prefix_then_rest() -> Callable:
     """`_prefix_then_rest` through torch.compile, as `_compiled_small_query_flex`: two flex-decoding kernels and the
     merge fused into one element-wise pass."""
-    return torch.compile(_prefix_then_rest, dynamic=False, fullgraph=True, options={"max_autotune": True})
+    return torch.compile(_prefix_then_rest, dynamic=False, fullgraph=True,
+                         options={"max_autotune": FLEX_DECODING_AUTOTUNE})
 
 
 def attend_with_prefix(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix: SharedPrefix, layer: int) -> Tensor:
