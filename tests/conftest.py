@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
+
+
+def _one_share_of_the_cpus_per_worker() -> None:
+    """Under pytest-xdist, each worker's torch (and every process a test starts, which inherits the environment)
+    gets its share of the CPUs as intra-op threads: the README's `-n 2` on 2 cores gives 1 each. torch's default, one
+    thread per core in every process, had the two workers' OpenMP threads spin against each other and against the
+    compiles beside them: in the suite, the rl_learning_probe smoke took 72 s (10 s alone), test_sampling.py 94 s
+    (25 s at 1 thread). The harness's workers are unaffected: they run with `scheduler.cpu_threads` (default 1).
+    An OMP_NUM_THREADS set by the caller is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cpus // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # imported before this file: its thread pool exists already
+        sys.modules["torch"].set_num_threads(threads)
+
+
+_one_share_of_the_cpus_per_worker()
 
 
 def pytest_collection_modifyitems(config, items):
