@@ -75,9 +75,11 @@ CORPUS = {
 def results(build_cache, tmp_path_factory):
     task = next(t for t in load_tasks(EXAMPLES / "tasks") if t.name == "19_ReLU")
     pairs = [(task, candidate_from_text(text, id=name)) for name, (text, _, _) in CORPUS.items()]
+    # run_timeout_s: `hang` and `prints_gigabytes` each hold the one run worker (and a core) for all of it; every
+    # other candidate's run takes under 0.4 s here, alone or beside three busy processes on the 2 cores
     config = EvalConfig(backend="cpu", trials=2, cache_dir=build_cache, build=BuildConfig(jobs=2, timeout_s=120),
                         timing=TimingConfig(enabled=False),
-                        sandbox=SandboxConfig(run_timeout_s=15, memory_limit_gb=4, file_limit_mb=32))
+                        sandbox=SandboxConfig(run_timeout_s=8, memory_limit_gb=4, file_limit_mb=32))
     out = tmp_path_factory.mktemp("outcomes")
     res = evaluate(pairs, config, out_dir=out, progress=False)
     return {r.candidate_id: r for r in res}
