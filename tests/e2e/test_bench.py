@@ -112,17 +112,21 @@ def test_a_killed_run_resumes_without_generating_or_evaluating_again(checkpoint,
     _bench(*args, "--task", "19_ReLU")
     first = _generation_files(run)
     assert len(first) == 3
-    # the full run in a real process, killed (SIGKILL) once it has written one more generation
-    proc = subprocess.Popen([sys.executable, "-m", "dice_kernels", "bench", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        while proc.poll() is None and len(_generation_files(run)) < 4:
-            time.sleep(0.01)  # polling the file system: the kill must land while the run is still going
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    # the full run in a real process, killed (SIGKILL) once it has written one more generation; its output is kept
+    # for the message of a run that ended on its own first
+    log = tmp_path / "killed-run.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "dice_kernels", "bench", *args], stdout=sink,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            while proc.poll() is None and len(_generation_files(run)) < 4:
+                time.sleep(0.01)  # polling the file system: the kill must land while the run is still going
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait()
     killed = _generation_files(run)
-    assert len(killed) >= 4 and {k: killed[k] for k in first} == first
+    assert len(killed) >= 4, f"exit status {proc.returncode}, {len(killed)} outputs:\n{log.read_text()[-3000:]}"
+    assert {k: killed[k] for k in first} == first
     out = _bench(*args)
     done = _generation_files(run)
     assert len(done) == 6 and {k: done[k] for k in killed} == killed  # nothing written twice
