@@ -509,21 +509,20 @@ def _decode(model: BlockDiffusionLM, state: _State, cfg: SamplingConfig, stop_id
     prompts, and a row that is done takes the next waiting one."""
     device = state.seq.device
     generator = None if cfg.seed is None else torch.Generator(device).manual_seed(cfg.seed)
+    compiled, width = _compiles(cfg, device), state.seq.shape[0]
     cached = None
     if cfg.use_cache:
         # one prompt per row for the whole call (none waiting), compiled: a run of rows can share its prompt's K/V
-        width = state.seq.shape[0]
-        shares = cfg.share_prompts and _compiles(cfg, device) and width == len(prompts)
+        shares = cfg.share_prompts and compiled and width == len(prompts)
         space = _workspace(model, state, stop_ids, cfg, block, prompt_runs(prompts, block) if shares else 1)
         state, stops, cached = space.state, space.stops, space.forward
         cached.prefill(state)
     else:
         stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    propose = _proposer(cfg, mask_id, generator, _compiles(cfg, device))
+    propose = _proposer(cfg, mask_id, generator, compiled)
     advance = functools.partial(_denoise_step, state, cfg=cfg, block=block, mask_id=mask_id, stop_ids=stops)
     if cached is not None:
         cached.propose, cached.advance = propose, advance
-    width = state.seq.shape[0]
     rows = _Rows(prompts, holds=list(range(width)), results=[None] * len(prompts), next_prompt=width,
                  stop_set=set(stop_ids), on_response=on_response)
     max_forwards = (state.seq.shape[1] // block + 1) * cfg.steps * -(-len(prompts) // width)
