@@ -276,6 +276,9 @@ def main() -> None:
                    help="recompute each layer in the backward (less memory, ~1/3 more update FLOPs; GPU only)")
     p.add_argument("--compile-rollouts", action="store_true",
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
+    p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --compile-rollouts: autotune the flex-decoding kernels when first compiled "
+                        "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")
@@ -291,6 +294,9 @@ def main() -> None:
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
     work = Path(args.work)
+    if not args.flex_autotune:
+        import dice_kernels.model.attention as attention
+        attention.FLEX_DECODING_AUTOTUNE = False
     if args.smoke:
         args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
         args.tasks = args.tasks or str(EXAMPLES / "tasks")
