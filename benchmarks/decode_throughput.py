@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="fuse each layer's element-wise regions, attention and greedy proposals with "
                              "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
-    parser.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
                         help="with --compile: autotune the flex-decoding kernels when first compiled "
                              "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
     parser.add_argument("--profile-replays", metavar="JSON",
@@ -154,8 +154,7 @@ def main() -> None:
     import dice_kernels.model.attention as attention
     if args.sdpa_only:
         attention.SMALL_QUERY = 0
-    if not args.flex_autotune:
-        attention.FLEX_DECODING_AUTOTUNE = False
+    attention.FLEX_DECODING_AUTOTUNE = args.flex_autotune
     torch.manual_seed(0)
     with torch.device(device):
         model = BlockDiffusionLM(cfg).to(dtype).eval()

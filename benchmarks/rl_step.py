@@ -67,7 +67,8 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     tasks = load_task_set(args.tasks, "e2e")
     tasks = (tasks * args.tasks_per_step)[: args.tasks_per_step]
     rollout = RolloutConfig(tasks_per_step=len(tasks), group=args.group, max_new_tokens=args.max_new,
-                            batch_rows=len(tasks) * args.group, seed=0, compile=args.compile_rollouts)
+                            batch_rows=len(tasks) * args.group, seed=0, compile=args.compile_rollouts,
+                            share_prompts=args.share_prompts)
     step = RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=args.micro_rows), 1.0,
                   attention_backend(parallel, dist.device), rewards.cfg.eval_config().resolved_backend(), dist,
                   policy)
@@ -276,7 +277,9 @@ def main() -> None:
                    help="recompute each layer in the backward (less memory, ~1/3 more update FLOPs; GPU only)")
     p.add_argument("--compile-rollouts", action="store_true",
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
-    p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--share-prompts", action="store_true",
+                   help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
+    p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
                    help="with --compile-rollouts: autotune the flex-decoding kernels when first compiled "
                         "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
     p.add_argument("--rollouts-again", action="store_true",
@@ -294,9 +297,8 @@ def main() -> None:
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
     work = Path(args.work)
-    if not args.flex_autotune:
-        import dice_kernels.model.attention as attention
-        attention.FLEX_DECODING_AUTOTUNE = False
+    import dice_kernels.model.attention as attention
+    attention.FLEX_DECODING_AUTOTUNE = args.flex_autotune
     if args.smoke:
         args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
         args.tasks = args.tasks or str(EXAMPLES / "tasks")

@@ -214,10 +214,10 @@ def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
-# Whether compiled decoding's flex kernels are autotuned (max_autotune) when first compiled. Fresh processes at the RL
-# rollouts' shape died in that autotuning with an illegal memory access in 4 of 6 tries on H100s (docs/bench.md):
-# module-level so a benchmark can turn it off before the first compile, to compare.
-FLEX_DECODING_AUTOTUNE = True
+# Whether compiled decoding's flex kernels are autotuned (max_autotune) when first compiled. Off: at the RL rollouts'
+# shape inductor's autotuning of them died with an illegal memory access (or found no valid choice) in most fresh
+# processes on H100s, while its default tile ran clean (docs/bench.md). Module-level so a benchmark can turn it on.
+FLEX_DECODING_AUTOTUNE = False
 
 
 @functools.cache
@@ -225,7 +225,7 @@ def _compiled_small_query_flex() -> Callable:
     """Flex for a few queries over a KV cache (`cached_block_mask`): inductor lowers it to its flex-decoding kernel,
     which packs the query heads of a kv head into one tile, so one kernel reads each key and value once and applies
     scale, mask and softmax on the way (instead of the matmul path's GEMM, softmax, GEMM and a dense bias a forward).
-    max_autotune times its few tile configs at compile time: the untuned default runs without software pipelining.
+    With FLEX_DECODING_AUTOTUNE, max_autotune times its few tile configs at compile time.
     Its own code object, so its compiles (one per query count, batch and cache length) have their own torch._dynamo
     recompile limit rather than sharing training's."""
     return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": FLEX_DECODING_AUTOTUNE})

@@ -66,6 +66,9 @@ class RolloutConfig:
     # CUDA: decode through the compiled decoder (fused layer regions and flex over the KV cache in place, then CUDA
     # graphs: `SamplingConfig.compile`); the first step pays its compiles. Ignored on CPU
     compile: bool = False
+    # compiled, with batch_rows = tasks_per_step x group (no row takes a second prompt): each forward reads a group's
+    # prompt K/V once per few rows instead of once per row (`SamplingConfig.share_prompts`)
+    share_prompts: bool = False
     # every step's rollouts (text, reward, candidate id) in <out_dir>/rollouts/step-NNNNN.rankR.jsonl.gz: what the
     # policy wrote, to read and to score again (~1 KB a rollout gzipped)
     save_texts: bool = True
@@ -79,7 +82,8 @@ class RolloutConfig:
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(max_new_tokens=self.max_new_tokens, block_size=self.block_size, steps=self.steps,
                               strategy=self.strategy, threshold=self.threshold, temperature=self.temperature,
-                              top_k=self.top_k, top_p=self.top_p, seed=self.seed, compile=self.compile)
+                              top_k=self.top_k, top_p=self.top_p, seed=self.seed, compile=self.compile,
+                              share_prompts=self.share_prompts)
 
 
 @dataclass
