@@ -277,7 +277,7 @@ def main() -> None:
                    help="recompute each layer in the backward (less memory, ~1/3 more update FLOPs; GPU only)")
     p.add_argument("--compile-rollouts", action="store_true",
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
-    p.add_argument("--share-prompts", action="store_true",
+    p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
     p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
                    help="with --compile-rollouts: autotune the flex-decoding kernels when first compiled "

@@ -6,6 +6,7 @@ import pytest
 from conftest import EXAMPLES
 
 from dice_kernels.train.rl.advantages import group_advantages
+from dice_kernels.train.rl.config import RolloutConfig
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 
 
@@ -121,3 +122,10 @@ def test_cuda_infilling_tasks_are_named_before_a_cpu_reward_runs_them():
     assert warning.startswith("phase infill: 1 of 2 tasks") and "t/cuda" in warning and "needs_gpu" in warning
     assert unrunnable_tasks(sets, "cuda") == []
     assert unrunnable_tasks({"infill": [cpp], "e2e": [e2e]}, "cpu") == []
+
+
+def test_rollouts_decode_compiled_groups_with_shared_prompt_copies_unless_turned_off():
+    # the decoder shares only when compiled on CUDA with no refill; the rollout config must pass both settings on
+    on = RolloutConfig(compile=True, tasks_per_step=4, group=8, batch_rows=32).sampling()
+    assert on.compile and on.share_prompts and on.temperature == 1.0
+    assert not RolloutConfig(compile=True, share_prompts=False).sampling().share_prompts

@@ -64,8 +64,8 @@ class SamplingConfig:
     compile: bool = False
     # Compiled, with no row taking a second prompt: when the prompts come in runs of one prompt repeated (an RL
     # rollout group), each forward reads a run's prompt K/V once per few rows, not once per row (`prompt_runs`);
-    # tokens may differ from unshared decoding by low-precision rounding. Off until a GPU run shows it faster
-    # (docs/bench.md)
+    # tokens may differ from unshared decoding by low-precision rounding. On for RL rollouts (`rollout.share_prompts`),
+    # where it was measured faster (docs/bench.md); off here, where prompts rarely repeat
     share_prompts: bool = False
 
     @property
