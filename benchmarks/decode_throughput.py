@@ -138,6 +138,9 @@ def main() -> None:
     parser.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
                         help="with --compile: autotune the flex-decoding kernels when first compiled "
                              "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
+    parser.add_argument("--flex-tile", default="", metavar="BLOCK_N,STAGES,WARPS",
+                        help="with --compile: the flex-decoding kernels' tile, fixed (e.g. 32,3,2; "
+                             "model.attention.configure_flex_decoding); default: inductor's")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -154,7 +157,10 @@ def main() -> None:
     import dice_kernels.model.attention as attention
     if args.sdpa_only:
         attention.SMALL_QUERY = 0
-    attention.FLEX_DECODING_AUTOTUNE = args.flex_autotune
+    try:
+        attention.configure_flex_decoding(args.flex_autotune, args.flex_tile)
+    except ValueError as e:
+        parser.error(str(e))
     torch.manual_seed(0)
     with torch.device(device):
         model = BlockDiffusionLM(cfg).to(dtype).eval()

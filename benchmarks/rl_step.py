@@ -282,6 +282,9 @@ def main() -> None:
     p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
                    help="with --compile-rollouts: autotune the flex-decoding kernels when first compiled "
                         "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
+    p.add_argument("--flex-tile", default="", metavar="BLOCK_N,STAGES,WARPS",
+                   help="with --compile-rollouts: the flex-decoding kernels' tile, fixed (e.g. 32,3,2; "
+                        "model.attention.configure_flex_decoding); default: inductor's")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")
@@ -297,8 +300,11 @@ def main() -> None:
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
     work = Path(args.work)
-    import dice_kernels.model.attention as attention
-    attention.FLEX_DECODING_AUTOTUNE = args.flex_autotune
+    from dice_kernels.model.attention import configure_flex_decoding
+    try:
+        configure_flex_decoding(args.flex_autotune, args.flex_tile)
+    except ValueError as e:
+        p.error(str(e))
     if args.smoke:
         args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
         args.tasks = args.tasks or str(EXAMPLES / "tasks")

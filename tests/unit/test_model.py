@@ -309,12 +309,35 @@ def test_flex_over_the_whole_cache_matches_the_matmul_path_over_the_span(queries
     assert counter.frame_count == 1
 
 
+def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_through_the_compiled_call(monkeypatch):
+    monkeypatch.setattr(attention, "FLEX_DECODING_TILE", None)
+    monkeypatch.setattr(attention, "FLEX_DECODING_AUTOTUNE", False)
+    attention.configure_flex_decoding(tile="32,3,2")
+    assert attention.FLEX_DECODING_TILE == {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
+    with pytest.raises(ValueError, match="'32,3': expected BLOCK_N,num_stages,num_warps"):
+        attention.configure_flex_decoding(tile="32,3")
+    attention.configure_flex_decoding(autotune=True)
+    assert attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
+    calls = []
+    real_flex = attention.flex_attention
+    monkeypatch.setattr(attention, "flex_attention", lambda *a, **kw: calls.append(kw["kernel_options"]) or real_flex(*a, **kw))
+    q, k, v, over_cache, over_span = _cached_attention_case(CPU, torch.float32, 4, 128)
+    mask = cached_block_mask(over_cache, q.shape[0], 4, 128, k.shape[2], CPU)
+    tile = {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
+    torch.testing.assert_close(attention._flex_gqa(q, k, v, mask, tile), _matmul_attention(q, k, v, over_span, 128),
+                               rtol=1e-5, atol=1e-5)
+    assert calls == [tile]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tile", [None, {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}])
 @pytest.mark.parametrize("queries", [4, 8])
-def test_compiled_flex_over_the_cache_in_a_cuda_graph_matches_the_matmul_path(queries):
+def test_compiled_flex_over_the_cache_in_a_cuda_graph_matches_the_matmul_path(queries, tile, monkeypatch):
     """The inductor flex-decoding kernel at SDAR's head_dim and GQA ratio, bf16, replayed from a CUDA graph captured
-    after a warm-up call (as the decoder does) with the mask built inside the capture."""
+    after a warm-up call (as the decoder does) with the mask built inside the capture; with inductor's default tile
+    and with a fixed one (`configure_flex_decoding`)."""
+    monkeypatch.setattr(attention, "FLEX_DECODING_TILE", tile)
     dev = torch.device("cuda")
     q, k, v, over_cache, over_span = _cached_attention_case(dev, torch.bfloat16, queries, 256, head_dim=128)
 

@@ -210,14 +210,32 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
-    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask,
+              kernel_options: dict[str, int] | None = None) -> Tensor:
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=kernel_options)
 
 
-# Whether compiled decoding's flex kernels are autotuned (max_autotune) when first compiled. Off: at the RL rollouts'
-# shape inductor's autotuning of them died with an illegal memory access (or found no valid choice) in most fresh
-# processes on H100s, while its default tile ran clean (docs/bench.md). Module-level so a benchmark can turn it on.
+# How compiled decoding's flex kernels get their tile. Autotuned (max_autotune) when first compiled: off, since at the
+# RL rollouts' shape inductor's autotuning died with an illegal memory access (or found no valid choice) in most fresh
+# processes on H100s while its default tile ran clean (docs/bench.md). A fixed tile (flex's kernel_options: BLOCK_N,
+# num_stages, num_warps), else inductor's default. Module-level, set by `configure_flex_decoding` before the first
+# compile, so a benchmark can compare them.
 FLEX_DECODING_AUTOTUNE = False
+FLEX_DECODING_TILE: dict[str, int] | None = None
+
+
+def configure_flex_decoding(autotune: bool = False, tile: str = "") -> None:
+    """Choose how compiled decoding's flex kernels get their tile: autotuned, or `tile` "BLOCK_N,num_stages,num_warps"
+    (e.g. "32,3,2"), else inductor's default. Call before the process's first compiled decode."""
+    global FLEX_DECODING_AUTOTUNE, FLEX_DECODING_TILE
+    FLEX_DECODING_AUTOTUNE = autotune
+    FLEX_DECODING_TILE = None
+    if tile:
+        try:
+            block_n, stages, warps = (int(x) for x in tile.split(","))
+        except ValueError:
+            raise ValueError(f"flex-decoding tile {tile!r}: expected BLOCK_N,num_stages,num_warps, e.g. 32,3,2") from None
+        FLEX_DECODING_TILE = {"BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
 
 
 @functools.cache
@@ -225,22 +243,25 @@ def _compiled_small_query_flex() -> Callable:
     """Flex for a few queries over a KV cache (`cached_block_mask`): inductor lowers it to its flex-decoding kernel,
     which packs the query heads of a kv head into one tile, so one kernel reads each key and value once and applies
     scale, mask and softmax on the way (instead of the matmul path's GEMM, softmax, GEMM and a dense bias a forward).
-    With FLEX_DECODING_AUTOTUNE, max_autotune times its few tile configs at compile time.
+    With FLEX_DECODING_AUTOTUNE, max_autotune times its few tile configs at compile time; the tile is a call argument
+    (FLEX_DECODING_TILE), so the compile follows it.
     Its own code object, so its compiles (one per query count, batch and cache length) have their own torch._dynamo
     recompile limit rather than sharing training's."""
     return torch.compile(_flex_gqa, dynamic=False, fullgraph=True, options={"max_autotune": FLEX_DECODING_AUTOTUNE})
 
 
 def _prefix_then_rest(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix_k: Tensor, prefix_v: Tensor,
-                      prefix_mask: BlockMask) -> Tensor:
+                      prefix_mask: BlockMask, kernel_options: dict[str, int] | None = None) -> Tensor:
     """Attention over a shared prefix and over each row's own slots, merged by their log-sum-exps: the softmax over
     both sets of keys at once. A run's rows send their queries as one row of group x Q queries over its prefix."""
     batch, heads, queries, dim = q.shape
     runs = prefix_k.shape[0]
     grouped = q.reshape(runs, batch // runs, heads, queries, dim).transpose(1, 2).reshape(runs, heads, -1, dim)
     lse = AuxRequest(lse=True)
-    out_p, aux_p = flex_attention(grouped, prefix_k, prefix_v, block_mask=prefix_mask, enable_gqa=True, return_aux=lse)
-    out_r, aux_r = flex_attention(q, k, v, block_mask=mask, enable_gqa=True, return_aux=lse)
+    out_p, aux_p = flex_attention(grouped, prefix_k, prefix_v, block_mask=prefix_mask, enable_gqa=True, return_aux=lse,
+                                  kernel_options=kernel_options)
+    out_r, aux_r = flex_attention(q, k, v, block_mask=mask, enable_gqa=True, return_aux=lse,
+                                  kernel_options=kernel_options)
     out_p = out_p.reshape(runs, heads, -1, queries, dim).transpose(1, 2).reshape(batch, heads, queries, dim)
     lse_p = aux_p.lse.reshape(runs, heads, -1, queries).transpose(1, 2).reshape(batch, heads, queries)
     both = torch.logaddexp(lse_p, aux_r.lse)
@@ -258,8 +279,10 @@ def _compiled_prefix_then_rest() -> Callable:
 
 def attend_with_prefix(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, prefix: SharedPrefix, layer: int) -> Tensor:
     """`attend` over a KV cache whose first slots are read from `prefix` (layer `layer` of its cache)."""
-    run = _compiled_prefix_then_rest() if q.is_cuda else _prefix_then_rest
-    return run(q, k, v, mask, prefix.cache.k[layer], prefix.cache.v[layer], prefix.mask)
+    if not q.is_cuda:
+        return _prefix_then_rest(q, k, v, mask, prefix.cache.k[layer], prefix.cache.v[layer], prefix.mask)
+    return _compiled_prefix_then_rest()(q, k, v, mask, prefix.cache.k[layer], prefix.cache.v[layer], prefix.mask,
+                                        FLEX_DECODING_TILE)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor, cached: bool = False) -> Tensor:
@@ -270,7 +293,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | Tensor, cached: bo
         if not q.is_cuda:
             return _flex_gqa(q, k, v, mask)
         if cached:
-            return _compiled_small_query_flex()(q, k, v, mask)
+            return _compiled_small_query_flex()(q, k, v, mask, FLEX_DECODING_TILE)
         return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=True)
     # GQA without copying K/V: the G query heads that share a kv head become G x Q queries of that head.
     # Works with every SDPA backend (enable_gqa does not) and suits decoding, where Q is tiny.
