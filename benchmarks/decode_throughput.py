@@ -135,12 +135,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="fuse each layer's element-wise regions, attention and greedy proposals with "
                              "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
-    parser.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
-                        help="with --compile: autotune the flex-decoding kernels when first compiled "
-                             "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
-    parser.add_argument("--flex-tile", default="", metavar="BLOCK_N,STAGES,WARPS",
-                        help="with --compile: the flex-decoding kernels' tile, fixed (e.g. 32,3,2; "
-                             "model.attention.configure_flex_decoding); default: inductor's")
+    parser.add_argument("--flex-tile", default="default", metavar="TILE",
+                        help="with --compile: the flex-decoding kernels' tile: default (inductor's), auto "
+                             "(autotuned at the first compile) or BLOCK_N,STAGES,WARPS fixed, e.g. 32,3,2 "
+                             "(model.attention.configure_flex_decoding)")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -158,7 +156,7 @@ def main() -> None:
     if args.sdpa_only:
         attention.SMALL_QUERY = 0
     try:
-        attention.configure_flex_decoding(args.flex_autotune, args.flex_tile)
+        attention.configure_flex_decoding(args.flex_tile)
     except ValueError as e:
         parser.error(str(e))
     torch.manual_seed(0)
@@ -223,7 +221,7 @@ def main() -> None:
         "benchmark": "decode_throughput", "model": "smoke" if args.smoke else args.model, "device": str(device),
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "dtype": str(dtype),
         "torch": torch.__version__, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "group": args.group,
-        "sdpa_only": args.sdpa_only, "compile": args.compile, "flex_autotune": args.flex_autotune, "modes": args.modes,
+        "sdpa_only": args.sdpa_only, "compile": args.compile, "flex_tile": args.flex_tile, "modes": args.modes,
         "rows": rows, "speedup_2tok_vs_ar": speedups, "graphs_vs_eager_1tok": graph_gain, "targets": targets,
     }
     with open(args.out, "w") as f:

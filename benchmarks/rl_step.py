@@ -279,12 +279,10 @@ def main() -> None:
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
-    p.add_argument("--flex-autotune", action=argparse.BooleanOptionalAction, default=False,
-                   help="with --compile-rollouts: autotune the flex-decoding kernels when first compiled "
-                        "(model.attention.FLEX_DECODING_AUTOTUNE; off: inductor's default tile)")
-    p.add_argument("--flex-tile", default="", metavar="BLOCK_N,STAGES,WARPS",
-                   help="with --compile-rollouts: the flex-decoding kernels' tile, fixed (e.g. 32,3,2; "
-                        "model.attention.configure_flex_decoding); default: inductor's")
+    p.add_argument("--flex-tile", default="default", metavar="TILE",
+                   help="with --compile-rollouts: the flex-decoding kernels' tile: default (inductor's), auto "
+                        "(autotuned at the first compile) or BLOCK_N,STAGES,WARPS fixed, e.g. 32,3,2 "
+                        "(model.attention.configure_flex_decoding)")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")
@@ -302,7 +300,7 @@ def main() -> None:
     work = Path(args.work)
     from dice_kernels.model.attention import configure_flex_decoding
     try:
-        configure_flex_decoding(args.flex_autotune, args.flex_tile)
+        configure_flex_decoding(args.flex_tile)
     except ValueError as e:
         p.error(str(e))
     if args.smoke:

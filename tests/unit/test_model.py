@@ -312,12 +312,14 @@ def test_flex_over_the_whole_cache_matches_the_matmul_path_over_the_span(queries
 def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_through_the_compiled_call(monkeypatch):
     monkeypatch.setattr(attention, "FLEX_DECODING_TILE", None)
     monkeypatch.setattr(attention, "FLEX_DECODING_AUTOTUNE", False)
-    attention.configure_flex_decoding(tile="32,3,2")
+    attention.configure_flex_decoding("32,3,2")
     assert attention.FLEX_DECODING_TILE == {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
-    with pytest.raises(ValueError, match="'32,3': expected BLOCK_N,num_stages,num_warps"):
-        attention.configure_flex_decoding(tile="32,3")
-    attention.configure_flex_decoding(autotune=True)
+    with pytest.raises(ValueError, match="'32,3': expected default, auto or BLOCK_N,num_stages,num_warps"):
+        attention.configure_flex_decoding("32,3")
+    attention.configure_flex_decoding("auto")
     assert attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
+    attention.configure_flex_decoding()
+    assert not attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
     calls = []
     real_flex = attention.flex_attention
     monkeypatch.setattr(attention, "flex_attention", lambda *a, **kw: calls.append(kw["kernel_options"]) or real_flex(*a, **kw))

@@ -224,17 +224,18 @@ FLEX_DECODING_AUTOTUNE = False
 FLEX_DECODING_TILE: dict[str, int] | None = None
 
 
-def configure_flex_decoding(autotune: bool = False, tile: str = "") -> None:
-    """Choose how compiled decoding's flex kernels get their tile: autotuned, or `tile` "BLOCK_N,num_stages,num_warps"
-    (e.g. "32,3,2"), else inductor's default. Call before the process's first compiled decode."""
+def configure_flex_decoding(tile: str = "default") -> None:
+    """Choose how compiled decoding's flex kernels get their tile: "default" (inductor's), "auto" (autotuned when
+    first compiled), or a fixed "BLOCK_N,num_stages,num_warps" (e.g. "32,3,2"). Call before the process's first
+    compiled decode."""
     global FLEX_DECODING_AUTOTUNE, FLEX_DECODING_TILE
-    FLEX_DECODING_AUTOTUNE = autotune
-    FLEX_DECODING_TILE = None
-    if tile:
+    FLEX_DECODING_AUTOTUNE, FLEX_DECODING_TILE = tile == "auto", None
+    if tile not in ("default", "auto"):
         try:
             block_n, stages, warps = (int(x) for x in tile.split(","))
         except ValueError:
-            raise ValueError(f"flex-decoding tile {tile!r}: expected BLOCK_N,num_stages,num_warps, e.g. 32,3,2") from None
+            raise ValueError(f"flex-decoding tile {tile!r}: expected default, auto or BLOCK_N,num_stages,num_warps "
+                             "(e.g. 32,3,2)") from None
         FLEX_DECODING_TILE = {"BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
 
 
