@@ -309,7 +309,8 @@ def test_flex_over_the_whole_cache_matches_the_matmul_path_over_the_span(queries
     assert counter.frame_count == 1
 
 
-def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_through_the_compiled_call(monkeypatch):
+def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_as_its_kernel_options(monkeypatch):
+    # on the CPU `attend` runs flex eagerly without it; the compiled call's use of it is the GPU test below
     monkeypatch.setattr(attention, "FLEX_DECODING_TILE", None)
     monkeypatch.setattr(attention, "FLEX_DECODING_AUTOTUNE", False)
     attention.configure_flex_decoding("32,3,2")
@@ -322,7 +323,8 @@ def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_through_the_compiled_ca
     assert not attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
     calls = []
     real_flex = attention.flex_attention
-    monkeypatch.setattr(attention, "flex_attention", lambda *a, **kw: calls.append(kw["kernel_options"]) or real_flex(*a, **kw))
+    monkeypatch.setattr(attention, "flex_attention",
+                        lambda *a, **kw: calls.append(kw["kernel_options"]) or real_flex(*a, **kw))
     q, k, v, over_cache, over_span = _cached_attention_case(CPU, torch.float32, 4, 128)
     mask = cached_block_mask(over_cache, q.shape[0], 4, 128, k.shape[2], CPU)
     tile = {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
