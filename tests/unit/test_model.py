@@ -313,14 +313,17 @@ def test_a_flex_decoding_tile_is_parsed_and_reaches_flex_as_its_kernel_options(m
     # on the CPU `attend` runs flex eagerly without it; the compiled call's use of it is the GPU test below
     monkeypatch.setattr(attention, "FLEX_DECODING_TILE", None)
     monkeypatch.setattr(attention, "FLEX_DECODING_AUTOTUNE", False)
-    attention.configure_flex_decoding("32,3,2")
-    assert attention.FLEX_DECODING_TILE == {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
-    with pytest.raises(ValueError, match="'32,3': expected default, auto or BLOCK_N,num_stages,num_warps"):
+    attention.configure_flex_decoding("64,1,4")
+    assert attention.FLEX_DECODING_TILE == {"BLOCK_N": 64, "num_stages": 1, "num_warps": 4}
+    with pytest.raises(ValueError, match="'32,3': expected inductor, auto or BLOCK_N,num_stages,num_warps"):
         attention.configure_flex_decoding("32,3")
     attention.configure_flex_decoding("auto")
     assert attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
-    attention.configure_flex_decoding()
+    attention.configure_flex_decoding("inductor")
     assert not attention.FLEX_DECODING_AUTOTUNE and attention.FLEX_DECODING_TILE is None
+    attention.configure_flex_decoding()  # the default: the tile measured fastest (docs/bench.md), not autotuned
+    assert not attention.FLEX_DECODING_AUTOTUNE
+    assert attention.FLEX_DECODING_TILE == {"BLOCK_N": 32, "num_stages": 3, "num_warps": 2}
     calls = []
     real_flex = attention.flex_attention
     monkeypatch.setattr(attention, "flex_attention",

@@ -215,28 +215,32 @@ def _flex_gqa(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask,
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=kernel_options)
 
 
-# How compiled decoding's flex kernels get their tile. Autotuned (max_autotune) when first compiled: off, since at the
-# RL rollouts' shape inductor's autotuning died with an illegal memory access (or found no valid choice) in most fresh
-# processes on H100s while its default tile ran clean (docs/bench.md). A fixed tile (flex's kernel_options: BLOCK_N,
-# num_stages, num_warps), else inductor's default. Module-level, set by `configure_flex_decoding` before the first
-# compile, so a benchmark can compare them.
+# How compiled decoding's flex kernels get their tile. Not autotuned (max_autotune): at the RL rollouts' shape inductor's
+# autotuning died with an illegal memory access (or found no valid choice) in most fresh processes on H100s. A fixed
+# tile instead (flex's kernel_options), the one autotuning chose at SDAR-4B's decode shape: against inductor's default
+# tile it decoded 1.17x faster at the rollouts' shape and 1.14x at the 4B shape, and ran clean at both (H100,
+# docs/bench.md). Module-level, set by `configure_flex_decoding` before the first compile, so a benchmark can compare.
+DEFAULT_FLEX_DECODING_TILE = "32,3,2"  # BLOCK_N, num_stages, num_warps
 FLEX_DECODING_AUTOTUNE = False
-FLEX_DECODING_TILE: dict[str, int] | None = None
+FLEX_DECODING_TILE: dict[str, int] | None = None  # set below from DEFAULT_FLEX_DECODING_TILE
 
 
-def configure_flex_decoding(tile: str = "default") -> None:
-    """Choose how compiled decoding's flex kernels get their tile: "default" (inductor's), "auto" (autotuned when
-    first compiled), or a fixed "BLOCK_N,num_stages,num_warps" (e.g. "32,3,2"). Call before the process's first
-    compiled decode."""
+def configure_flex_decoding(tile: str = DEFAULT_FLEX_DECODING_TILE) -> None:
+    """Choose how compiled decoding's flex kernels get their tile: a fixed "BLOCK_N,num_stages,num_warps" (the
+    default, "32,3,2"), "inductor" (inductor's own default tile) or "auto" (autotuned when first compiled). Call
+    before the process's first compiled decode."""
     global FLEX_DECODING_AUTOTUNE, FLEX_DECODING_TILE
     FLEX_DECODING_AUTOTUNE, FLEX_DECODING_TILE = tile == "auto", None
-    if tile not in ("default", "auto"):
+    if tile not in ("inductor", "auto"):
         try:
             block_n, stages, warps = (int(x) for x in tile.split(","))
         except ValueError:
-            raise ValueError(f"flex-decoding tile {tile!r}: expected default, auto or BLOCK_N,num_stages,num_warps "
-                             "(e.g. 32,3,2)") from None
+            raise ValueError(f"flex-decoding tile {tile!r}: expected inductor, auto or BLOCK_N,num_stages,num_warps "
+                             f"(e.g. {DEFAULT_FLEX_DECODING_TILE})") from None
         FLEX_DECODING_TILE = {"BLOCK_N": block_n, "num_stages": stages, "num_warps": warps}
+
+
+configure_flex_decoding()
 
 
 @functools.cache
