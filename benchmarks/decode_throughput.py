@@ -135,10 +135,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="fuse each layer's element-wise regions, attention and greedy proposals with "
                              "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
-    parser.add_argument("--flex-tile", metavar="TILE",
+    parser.add_argument("--flex-tile", default=DEFAULT_FLEX_DECODING_TILE, metavar="TILE",
                         help="with --compile: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed (default "
-                             f"{DEFAULT_FLEX_DECODING_TILE}), inductor (inductor's own default tile) or auto (autotuned at the "
-                             "first compile; model.attention.configure_flex_decoding)")
+                             "%(default)s), inductor (inductor's own default tile) or auto (autotuned at the first "
+                             "compile; model.attention.configure_flex_decoding)")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -155,7 +155,6 @@ def main() -> None:
     import dice_kernels.model.attention as attention
     if args.sdpa_only:
         attention.SMALL_QUERY = 0
-    args.flex_tile = args.flex_tile or DEFAULT_FLEX_DECODING_TILE
     try:
         attention.configure_flex_decoding(args.flex_tile)
     except ValueError as e:

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from dice_kernels.model.attention import DEFAULT_FLEX_DECODING_TILE, configure_flex_decoding
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
 
@@ -279,10 +281,10 @@ def main() -> None:
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
-    p.add_argument("--flex-tile", metavar="TILE",
-                   help="with --compile-rollouts: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed "
-                        "(default: model.attention.DEFAULT_FLEX_DECODING_TILE), inductor (inductor's own default tile) "
-                        "or auto (autotuned at the first compile; configure_flex_decoding)")
+    p.add_argument("--flex-tile", default=DEFAULT_FLEX_DECODING_TILE, metavar="TILE",
+                   help="with --compile-rollouts: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed (default "
+                        "%(default)s), inductor (inductor's own default tile) or auto (autotuned at the first compile; "
+                        "model.attention.configure_flex_decoding)")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")
@@ -298,8 +300,6 @@ def main() -> None:
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
     work = Path(args.work)
-    from dice_kernels.model.attention import DEFAULT_FLEX_DECODING_TILE, configure_flex_decoding
-    args.flex_tile = args.flex_tile or DEFAULT_FLEX_DECODING_TILE
     try:
         configure_flex_decoding(args.flex_tile)
     except ValueError as e:
