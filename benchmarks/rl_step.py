@@ -21,6 +21,9 @@ the step's rollouts again as the trainer does (the compiled decoder's compiles p
 the reward service the first call started, and adds the step a run's later steps pay: those rollouts, their reward,
 the update again. `--compare-rollouts` also
 decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
+`--memory-report` records CUDA's allocation history and says where the live memory was allocated (summed by the
+innermost frame of this repository's code): after the rollouts (what the update starts from) and, when the step runs
+out of memory, at the failure (a snapshot taken by an out-of-memory observer, before the error unwinds anything).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
 to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same
@@ -85,6 +88,9 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     if dist.device.type == "cuda":  # random weights: the step trained nothing, so both are the rollouts' own
         result.update(held_after_rollouts_gib=torch.cuda.memory_allocated() / 2**30,  # what the update starts from
                       rollout_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+        if args.memory_report:
+            result["memory_after_rollouts"] = memory_sites(torch.cuda.memory._snapshot())
+            _print_memory_sites("live after the rollouts", result["memory_after_rollouts"])
     result.update(_decode_rates(step.last_rollouts, stats.seconds["rollout"], rollout, "rollout"))
     if stats.trained_rollouts == 0:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
@@ -130,6 +136,43 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         result["rollout_compare"] = _rollout_compare(step, tasks)
     print(json.dumps(result), flush=True)
     return result
+
+
+def memory_sites(snapshot: dict, top: int = 12) -> list[dict]:
+    """The live blocks of a CUDA memory snapshot (`torch.cuda.memory._snapshot()` with the allocation history
+    recorded), summed by where they were allocated: the innermost frame in this repository's code (the package or
+    `benchmarks/`) and the innermost frame of all; the `top` largest sites, largest first. Blocks allocated before
+    the history was recorded have no frames."""
+    sizes: dict[tuple[str, str], int] = {}
+    for segment in snapshot["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            frames = [f"{f['filename']}:{f['line']} {f['name']}" for f in block.get("frames", [])]
+            ours = next((f for f in frames if "dice_kernels/" in f or "benchmarks/" in f), "(none of ours)")
+            site = (ours, frames[0] if frames else "(no frames: allocated before the history)")
+            sizes[site] = sizes.get(site, 0) + block["size"]
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+    return [{"gib": size / 2**30, "ours": ours, "innermost": inner} for (ours, inner), size in ranked]
+
+
+def _print_memory_sites(title: str, sites: list[dict]) -> None:
+    print(f"{title}: {sum(s['gib'] for s in sites):.2f} GiB in the {len(sites)} largest sites", flush=True)
+    for s in sites:
+        print(f"{s['gib']:8.2f} GiB  {s['ours']}  <  {s['innermost']}", flush=True)
+
+
+class _MemoryAtFailure:
+    """An out-of-memory observer: the snapshot's largest sites at the latest failure (one a library caught and
+    recovered from is replaced by the next), taken while the failing call's frames still hold their tensors."""
+
+    def __init__(self) -> None:
+        self.sites: list[dict] | None = None
+        torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+        torch._C._cuda_attach_out_of_memory_observer(self)
+
+    def __call__(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        self.sites = memory_sites(torch.cuda.memory._snapshot())
 
 
 def _decode_rates(rollouts: list, seconds: float, rollout, name: str) -> dict:
@@ -291,6 +334,9 @@ def main() -> None:
     p.add_argument("--compare-rollouts", action="store_true",
                    help="also decode the step's rollouts eager and compiled (rollout.compile), each twice")
     p.add_argument("--reward-tasks", type=int, default=4, help="ids per example task in part 2 (0: no part 2)")
+    p.add_argument("--memory-report", action="store_true",
+                   help="on CUDA: where the live memory was allocated, after the rollouts and at an out-of-memory "
+                        "failure (the allocation history recorded: slower allocations)")
     p.add_argument("--work", default="/tmp/rl-step-bench", help="run directory (reward store, build cache)")
     p.add_argument("--cache-dir", default="", help="the reward service's build cache (default: WORK/cache)")
     p.add_argument("--peak-tflops", type=float, default=790.0,
@@ -318,8 +364,23 @@ def main() -> None:
     results: dict = {"shape": args.shape, "tasks_per_step": args.tasks_per_step, "group": args.group,
                      "max_new": args.max_new, "backend": backend,
                      "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    at_failure = None
+    if args.memory_report and backend == "cuda":
+        from dice_kernels.train.distributed import init_distributed
+
+        init_distributed()  # the trainer's allocator settings first: recording the history starts the allocator
+        at_failure = _MemoryAtFailure()
     with RewardService(cfg, work / "run") as rewards:
-        results["step"] = _train_step(args, work, rewards)
+        try:
+            results["step"] = _train_step(args, work, rewards)
+        except torch.OutOfMemoryError as e:
+            if at_failure is None or at_failure.sites is None:
+                raise
+            _print_memory_sites("live at the out-of-memory failure", at_failure.sites)
+            if args.out:
+                Path(args.out).write_text(json.dumps({**results, "error": str(e),
+                                                      "memory_at_failure": at_failure.sites}, indent=1))
+            raise
         results["reward_calls"] = _reward_calls(rewards, args.reward_tasks, backend) if args.reward_tasks else []
     s = results["step"]
     print(f"\nBiC-RL step, {args.shape} random weights, {args.tasks_per_step} tasks x {args.group} rollouts, "

@@ -83,7 +83,7 @@ def test_sft_trainer(tmp_path):
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
                  "--rows-per-update", "1", "--compare-rollouts", "--compile-rollouts", "--rollouts-again",
-                 cwd=tmp_path)
+                 "--memory-report", cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]
@@ -284,6 +284,38 @@ def test_prepare_corpora(tmp_path, shared_data):
     assert len((tmp_path / "c" / "dice99" / "tasks.jsonl").read_text().splitlines()) == 2
     assert len(list((tmp_path / "c" / "leaderboard" / "solutions").rglob("*.py"))) == 4
     assert out.startswith("dice pairs: 2   leaderboard solutions: 4")
+
+
+def test_rl_step_memory_sites_sum_live_blocks_by_their_allocation_site():
+    """`rl_step.memory_sites` sums the live blocks of a CUDA memory snapshot (the dict `torch.cuda.memory._snapshot()`
+    returns, innermost frame first) by the innermost frame of our code and the innermost frame of all; freed blocks
+    do not count, blocks without frames (allocated before the history) form their own site."""
+    sys.path.insert(0, str(BENCH))
+    from rl_step import memory_sites
+
+    def frame(path, line, name):
+        return {"filename": path, "line": line, "name": name}
+
+    fsdp = frame("/venv/site-packages/torch/distributed/fsdp/_fsdp_param.py", 681, "to_accumulated_grad_if_needed")
+    update = frame("/repo/src/dice_kernels/train/rl/trainer.py", 225, "update_policy")
+    build = frame("/repo/src/dice_kernels/train/model_setup.py", 113, "build_model")
+    empty = frame("/venv/site-packages/torch/_refs/__init__.py", 5286, "empty_like")
+    gib = 2**30
+    snapshot = {"segments": [
+        {"blocks": [{"state": "active_allocated", "size": 3 * gib, "frames": [fsdp, update]},
+                    {"state": "inactive", "size": 50 * gib, "frames": [fsdp, update]},
+                    {"state": "active_allocated", "size": 4 * gib, "frames": [empty, build]}]},
+        {"blocks": [{"state": "active_allocated", "size": 2 * gib, "frames": [fsdp, update]},
+                    {"state": "active_pending_free", "size": 7 * gib, "frames": [empty, build]},
+                    {"state": "active_allocated", "size": gib // 2}]},
+    ]}
+    sites = memory_sites(snapshot)
+    assert [(s["gib"], s["ours"].split("/")[-1], s["innermost"].split("/")[-1]) for s in sites] == [
+        (5.0, "trainer.py:225 update_policy", "_fsdp_param.py:681 to_accumulated_grad_if_needed"),
+        (4.0, "model_setup.py:113 build_model", "__init__.py:5286 empty_like"),
+        (0.5, "(none of ours)", "(no frames: allocated before the history)"),
+    ]
+    assert [s["gib"] for s in memory_sites(snapshot, top=1)] == [5.0]
 
 
 @pytest.mark.parametrize("threshold, stop", [(0.05, False), (0.3, True)])
