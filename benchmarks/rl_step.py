@@ -38,6 +38,7 @@ are the prompts. Nothing is skipped but the GPU: part 1 and part 2 run their rea
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import replace
 import json
 import time
@@ -58,7 +59,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     from dice_kernels.train.distributed import attention_backend, init_distributed, param_dtype
     from dice_kernels.train.optim import build_optimizer
     from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
-    from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
+    from dice_kernels.train.rl.trainer import RLStep, rollout_policy
 
     dist = init_distributed()
     t0 = time.monotonic()
@@ -67,13 +68,13 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
     tokenizer = load_tokenizer_for(section)
     model = build_model(section, parallel, dist, tokenizer)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-6, warmup_fraction=0.0))
-    policy = PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device)
+    policy = rollout_policy(model, args.share_weights, param_dtype(parallel, dist.device), dist.device)
     setup_s = time.monotonic() - t0
     tasks = load_task_set(args.tasks, "e2e")
     tasks = (tasks * args.tasks_per_step)[: args.tasks_per_step]
     rollout = RolloutConfig(tasks_per_step=len(tasks), group=args.group, max_new_tokens=args.max_new,
                             batch_rows=len(tasks) * args.group, seed=0, compile=args.compile_rollouts,
-                            share_prompts=args.share_prompts)
+                            share_prompts=args.share_prompts, share_weights=args.share_weights)
     step = RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=args.micro_rows), 1.0,
                   attention_backend(parallel, dist.device), rewards.cfg.eval_config().resolved_backend(), dist,
                   policy)
@@ -224,20 +225,21 @@ def _rollout_compare(step, tasks: list) -> list[dict]:
     from dice_kernels.sampling.decoder import release_graphs
     from dice_kernels.train.rl.rollout import generate_rollouts
 
-    policy = step.policy.plain if step.policy is not None else step.model
     rows = []
-    for compiled in (False, True):
-        rollout = replace(step.rollout, compile=compiled)
-        for call in ("first", "again"):
-            began = time.monotonic()
-            out = generate_rollouts(policy, step.tokenizer, tasks, rollout.group, "e2e", step.backend,
-                                    rollout.sampling(), rollout.batch_rows, 0, step.stop_ids, keep_graphs=True)
-            seconds = time.monotonic() - began
-            tokens = sum(len(r.trajectory.tokens) for r in out)
-            rows.append({"compile": compiled, "call": call, "seconds": seconds, "tokens": tokens,
-                         "tokens_per_s": tokens / seconds})
-            print(json.dumps(rows[-1]), flush=True)
-        release_graphs(policy)
+    weights = step.policy.weights(step.model) if step.policy is not None else contextlib.nullcontext(step.model)
+    with weights as policy:
+        for compiled in (False, True):
+            rollout = replace(step.rollout, compile=compiled)
+            for call in ("first", "again"):
+                began = time.monotonic()
+                out = generate_rollouts(policy, step.tokenizer, tasks, rollout.group, "e2e", step.backend,
+                                        rollout.sampling(), rollout.batch_rows, 0, step.stop_ids, keep_graphs=True)
+                seconds = time.monotonic() - began
+                tokens = sum(len(r.trajectory.tokens) for r in out)
+                rows.append({"compile": compiled, "call": call, "seconds": seconds, "tokens": tokens,
+                             "tokens_per_s": tokens / seconds})
+                print(json.dumps(rows[-1]), flush=True)
+            release_graphs(policy)
     return rows
 
 
@@ -328,6 +330,9 @@ def main() -> None:
                    help="with --compile-rollouts: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed (default "
                         "%(default)s), inductor (inductor's own default tile) or auto (autotuned at the first compile; "
                         "model.attention.configure_flex_decoding)")
+    p.add_argument("--share-weights", action="store_true",
+                   help="rollouts read the trained model's gathered weights in place, not a copy kept through the "
+                        "update (rollout.share_weights)")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")

@@ -40,6 +40,7 @@ e2e_steps = 3
 tasks_per_step = 2
 group = 4
 max_new_tokens = 1
+share_weights = true  # rollouts on the trained weights in place: the checkpoints between steps stay whole
 [reward]
 backend = "cpu"
 trials = 1
@@ -97,7 +98,7 @@ from dice_kernels.train.config import OptimConfig, ParallelConfig
 from dice_kernels.train.distributed import parallelize
 from dice_kernels.train.optim import build_optimizer
 from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
-from dice_kernels.train.rl.trainer import RLStep
+from dice_kernels.train.rl.trainer import PolicyView, RLStep
 from dice_kernels.train.rl.tracerl import Trajectory
 from dice_kernels.train.run_loop import run_on_ranks
 
@@ -117,6 +118,9 @@ def work(cfg, resume, dist, console):
                   UpdateConfig(micro_rows=2, updates_per_step=2), 1.0, "dense", "cpu", dist)
     stats = step.update_policy([(i, trajs[i], advantages[i]) for i in mine], trajs[0])
     full = {{k: v.full_tensor() for k, v in model.state_dict().items()}}
+    # the rollouts' view of the updated weights: every rank gathers them in place (a collective) and sees them whole
+    with PolicyView(model, torch.float32, dist.device).weights(model) as plain:
+        assert all(torch.equal(w, full[k]) for k, w in plain.state_dict().items()), dist.rank
     if dist.is_main:
         moved = max(float((full[k] - initial[k]).abs().max()) for k in full)
         torch.save({{"weights": full, "stats": stats, "moved": moved}}, {out!r})
@@ -131,7 +135,8 @@ run_on_ranks(work, None, False, None)
 def test_two_ranks_update_like_one(tmp_path):
     """The same 8 trajectories updated by 1 process, or split 5 / 3 over 2 processes, in two optimizer steps (the
     second rank has fewer micro-batches in one of them: it runs one with weight 0): the same weights and statistics,
-    up to the order of float sums (Adam's steps divide by |g|: a tiny gradient's noise moves a weight by up to lr)."""
+    up to the order of float sums (Adam's steps divide by |g|: a tiny gradient's noise moves a weight by up to lr).
+    Each rank's `PolicyView` then gathers the updated weights whole (the worker asserts it)."""
     import torch
     from model_fixtures import save_tiny_tokenizer
 

@@ -6,12 +6,15 @@ infrastructure, run_loop.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
+from torch import nn
 from rich.console import Console
 
 from dice_kernels.model.transformer import BlockDiffusionLM
@@ -39,7 +42,8 @@ class RLError(ValueError):
 class PolicySnapshot:
     """The rollout policy: a plain (unsharded) copy of the current weights in the compute dtype. Rollouts run on it
     rather than on the FSDP model: ranks decode different numbers of forwards (no collective may run inside), and
-    the sampler's KV cache and CUDA graphs want plain tensors. Refreshed from the trained model every step."""
+    the sampler's KV cache and CUDA graphs want plain tensors. Refreshed from the trained model every step; the copy
+    stays allocated through the update (`PolicyView` keeps none)."""
 
     def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
         with torch.device("meta"):  # no random init of weights that `refresh` overwrites anyway
@@ -55,6 +59,61 @@ class PolicySnapshot:
             for name, p in self.plain.state_dict().items():
                 p.copy_(full[name])
         return self.plain
+
+    @contextlib.contextmanager
+    def weights(self, model: BlockDiffusionLM) -> Iterator[BlockDiffusionLM]:
+        """The plain model holding `model`'s current weights, for rollouts."""
+        yield self.refresh(model)
+
+
+class PolicyView:
+    """The rollout policy read in place (`rollout.share_weights`): inside `weights(model)` a plain module whose
+    parameters are the trained model's own gathered weights, which FSDP gathers in the compute dtype for a forward
+    anyway; on leaving, FSDP frees them again (reshards). No copy outlives the rollouts, so the update has the
+    sampler's copy back (SDAR-4B: 7.5 GiB of bf16). Every rank gathers at the same point (a collective), before its
+    rollouts, so decoding itself runs no collective; the plain module's parameter objects stay the same from step
+    to step (the compiled decoder's regions take the weights as arguments, its CUDA graphs are captured per call)."""
+
+    def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
+        with torch.device("meta"):
+            plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch.")))
+        self.empty = torch.empty(0, dtype=dtype, device=device)
+        for name, _ in list(plain.named_parameters()):
+            owner, _, leaf = name.rpartition(".")
+            plain.get_submodule(owner)._parameters[leaf] = nn.Parameter(self.empty, requires_grad=False)
+        plain.tie_weights()
+        self.plain = plain.eval()
+
+    @contextlib.contextmanager
+    def weights(self, model: BlockDiffusionLM) -> Iterator[BlockDiffusionLM]:
+        """The plain module on `model`'s gathered weights until the block ends; then `model` is sharded again (its
+        state dict fp32 shards, as a checkpoint wants) and the plain module holds nothing."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.unshard()
+        try:
+            gathered = {name.replace(_CHECKPOINT_PREFIX, ""): p for name, p in model.named_parameters()}
+            for name, p in self.plain.named_parameters():
+                weight = gathered[name]
+                if weight.dtype != self.empty.dtype or weight.device != self.empty.device:
+                    raise RLError(f"{name}: the trained model gathers {weight.dtype} on {weight.device}, the rollout "
+                                  f"policy wants {self.empty.dtype} on {self.empty.device}")
+                p.data = weight.detach()
+            yield self.plain
+        finally:
+            for p in self.plain.parameters():
+                p.data = self.empty
+            for unit in units:
+                unit.reshard()
+
+
+def rollout_policy(model: BlockDiffusionLM, share_weights: bool, dtype: torch.dtype,
+                   device: torch.device) -> PolicySnapshot | PolicyView:
+    """What rollouts decode with: the trained model's weights in place (`rollout.share_weights`) or a copy."""
+    return (PolicyView if share_weights else PolicySnapshot)(model, dtype, device)
 
 
 @dataclass
@@ -97,7 +156,8 @@ class RLStep:
 
     def __init__(self, model: BlockDiffusionLM, optimizer: torch.optim.Optimizer, tokenizer,
                  rewards: RewardService | None, rollout: RolloutConfig, update: UpdateConfig, grad_clip: float,
-                 attention: str, backend: str, dist: Dist, policy: PolicySnapshot | None = None, scheduler=None):
+                 attention: str, backend: str, dist: Dist, policy: PolicySnapshot | PolicyView | None = None,
+                 scheduler=None):
         from dice_kernels.model.tokenizer import stop_token_ids
 
         self.model, self.optimizer, self.tokenizer, self.rewards = model, optimizer, tokenizer, rewards
@@ -144,7 +204,12 @@ class RLStep:
 
     def rollouts(self, step: int, phase: str, tasks: list[RLTask]) -> list:
         """This rank's rollouts of `tasks` from the current weights (the sampler's copy refreshed first)."""
-        policy = self.policy.refresh(self.model) if self.policy is not None else self.model
+        if self.policy is None:
+            return self._rollouts_of(self.model, step, phase, tasks)
+        with self.policy.weights(self.model) as policy:
+            return self._rollouts_of(policy, step, phase, tasks)
+
+    def _rollouts_of(self, policy: BlockDiffusionLM, step: int, phase: str, tasks: list[RLTask]) -> list:
         return generate_rollouts(policy, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
                                  self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
 
@@ -378,7 +443,7 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
         start = state["step"]
         say(f"resumed from {previous} (step {start})")
 
-    policy = PolicySnapshot(model, param_dtype(cfg.parallel, dist.device), dist.device)
+    policy = rollout_policy(model, cfg.rollout.share_weights, param_dtype(cfg.parallel, dist.device), dist.device)
     try:
         rewards = RewardService(cfg.reward, out) if dist.is_main else None
     except ValueError as e:  # EvalConfig.check: e.g. backend cuda without a GPU
