@@ -14,13 +14,13 @@ import sqlite3
 import pytest
 import torch
 from conftest import EXAMPLES
-from model_fixtures import VOCAB, tiny_model
+from model_fixtures import tiny_model
 
 from dice_kernels.data.infill import split_program
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask
 from dice_kernels.train.rl.reward import RewardConfig, RewardService
 from dice_kernels.train.rl.config import RolloutConfig, UpdateConfig
-from dice_kernels.train.rl.trainer import PolicySnapshot, PolicyView, RLStep
+from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
 from dice_kernels.train.rl.rollout import infill_core, response_candidate, rollout_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -80,48 +80,6 @@ def _step(tokenizer, model, rewards, dist, lr, group, max_new, seed=0):
     optimizer = build_optimizer(model, OptimConfig(lr=lr, warmup_fraction=0.0))
     return RLStep(model, optimizer, tokenizer, rewards, rollout, UpdateConfig(micro_rows=8), 1.0, "dense", "cpu",
                   dist, policy)
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_policy_view_decodes_the_trained_weights_in_place(dist, tied):
-    """`PolicyView` (rollout.share_weights) decodes on the FSDP model's own gathered tensors (no copy) the tokens
-    `PolicySnapshot`'s copy decodes, before and after an optimizer step moves the weights; after its block the model
-    is sharded again (its gathered tensors freed, fp32 shards in its state dict as a checkpoint wants) and the view
-    holds no storage."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
-    from torch.distributed.tensor import DTensor
-
-    from dice_kernels.model.attention import Attention
-    from dice_kernels.sampling import SamplingConfig, decode
-    from dice_kernels.train.config import ParallelConfig
-    from dice_kernels.train.distributed import parallelize
-
-    model = tiny_model(0, tie_word_embeddings=tied).train()
-    snapshot, view = PolicySnapshot(model, torch.float32, dist.device), PolicyView(model, torch.float32, dist.device)
-    parallelize(model, model.model.layers, ParallelConfig(activation_checkpointing=True), dist.device,
-                forward_methods=("hidden_states",))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    cfg = SamplingConfig(max_new_tokens=16, steps=4, strategy="dynamic", threshold=0.3, temperature=1.0, seed=3)
-    prompts, stops = [[5, 6, 7, 8], [9, 10, 11, 12, 13]], [VOCAB + 1]
-    decoded = []
-    for _ in range(2):
-        copied = decode(snapshot.refresh(model), prompts, cfg, stops).tokens
-        with view.weights(model) as plain:
-            gathered = {n.replace(_CHECKPOINT_PREFIX, ""): p for n, p in model.named_parameters()}
-            assert all(p.data_ptr() == gathered[n].data_ptr() for n, p in plain.named_parameters())
-            assert (plain.lm_head.weight is plain.model.embed_tokens.weight) == tied
-            assert decode(plain, prompts, cfg, stops).tokens == copied
-        assert all(p.numel() == 0 for p in view.plain.parameters())
-        assert all(isinstance(p, DTensor) for p in model.parameters())  # resharded: the gathered copies freed
-        state = model.state_dict()
-        assert all(isinstance(v, DTensor) and v.dtype == torch.float32 for v in state.values()), state.keys()
-        decoded.append(copied)
-        ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(len(decoded)))
-        mask = torch.ones(2, 1, 12, 12, dtype=torch.bool).tril()
-        model(ids, torch.arange(12).expand(2, 12), Attention(mask)).float().pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    assert decoded[0] != decoded[1]  # the second comparison is on moved weights
 
 
 def test_infill_core_extraction():

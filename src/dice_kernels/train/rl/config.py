@@ -72,7 +72,7 @@ class RolloutConfig:
     share_prompts: bool = True
     # rollouts read the trained model's own gathered weights in place (`PolicyView`) instead of a copy refreshed each
     # step (`PolicySnapshot`), which stays allocated through the update (SDAR-4B: 7.5 GiB of bf16). Off until measured
-    # on a GPU (the same tokens as the copy on the CPU, tests/e2e/test_rl_loop.py)
+    # on a GPU (the same tokens as the copy on the CPU; its GPU test: tests/e2e/test_rl_policy_view.py)
     share_weights: bool = False
     # every step's rollouts (text, reward, candidate id) in <out_dir>/rollouts/step-NNNNN.rankR.jsonl.gz: what the
     # policy wrote, to read and to score again (~1 KB a rollout gzipped)

@@ -203,15 +203,11 @@ class RLStep:
                        seconds=seconds, **upd)
 
     def rollouts(self, step: int, phase: str, tasks: list[RLTask]) -> list:
-        """This rank's rollouts of `tasks` from the current weights (the sampler's copy refreshed first)."""
-        if self.policy is None:
-            return self._rollouts_of(self.model, step, phase, tasks)
-        with self.policy.weights(self.model) as policy:
-            return self._rollouts_of(policy, step, phase, tasks)
-
-    def _rollouts_of(self, policy: BlockDiffusionLM, step: int, phase: str, tasks: list[RLTask]) -> list:
-        return generate_rollouts(policy, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
-                                 self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
+        """This rank's rollouts of `tasks` from the current weights (the rollout policy's, or the model itself)."""
+        weights = self.policy.weights(self.model) if self.policy is not None else contextlib.nullcontext(self.model)
+        with weights as policy:
+            return generate_rollouts(policy, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
+                                     self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
