@@ -32,7 +32,8 @@ from dataclasses import replace
 import torch
 
 from dice_kernels.model import SDAR_SHAPES, Attention, BlockDiffusionLM, KVCache, Layout, ModelConfig
-from dice_kernels.model.attention import DEFAULT_FLEX_DECODING_TILE, block_diffusion_mask_mod, dense_mask
+from dice_kernels.model.attention import (DEFAULT_FLEX_DECODING_TILE, block_diffusion_mask_mod,
+                                         configure_flex_decoding, dense_mask)
 from dice_kernels.sampling import SamplingConfig, decode
 from dice_kernels.sampling.strategies import sample_tokens
 
@@ -114,6 +115,22 @@ def _timed(fn):
     return time.perf_counter() - began, value
 
 
+def add_flex_tile_option(parser: argparse.ArgumentParser, applies_with: str) -> None:
+    """`--flex-tile` (this benchmark's and rl_step.py's): the compiled flex-decoding kernels' tile."""
+    parser.add_argument("--flex-tile", default=DEFAULT_FLEX_DECODING_TILE, metavar="TILE",
+                        help=f"with {applies_with}: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed "
+                             "(default %(default)s), inductor (inductor's own default tile) or auto (autotuned at the "
+                             "first compile; model.attention.configure_flex_decoding)")
+
+
+def apply_flex_tile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Set the parsed `--flex-tile` before anything compiles; a malformed one is the parser's error."""
+    try:
+        configure_flex_decoding(args.flex_tile)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="where to write the JSON results")
@@ -135,10 +152,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="fuse each layer's element-wise regions, attention and greedy proposals with "
                              "torch.compile (SamplingConfig.compile, CUDA only); the untimed warm-up call compiles them")
-    parser.add_argument("--flex-tile", default=DEFAULT_FLEX_DECODING_TILE, metavar="TILE",
-                        help="with --compile: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed (default "
-                             "%(default)s), inductor (inductor's own default tile) or auto (autotuned at the first "
-                             "compile; model.attention.configure_flex_decoding)")
+    add_flex_tile_option(parser, "--compile")
     parser.add_argument("--profile-replays", metavar="JSON",
                         help="after timing (GPU, graphs): GPU time of each graph the last batch kept, and "
                              "torch.profiler's kernel table of one replay of the widest span, to this file")
@@ -155,10 +169,7 @@ def main() -> None:
     import dice_kernels.model.attention as attention
     if args.sdpa_only:
         attention.SMALL_QUERY = 0
-    try:
-        attention.configure_flex_decoding(args.flex_tile)
-    except ValueError as e:
-        parser.error(str(e))
+    apply_flex_tile(parser, args)
     torch.manual_seed(0)
     with torch.device(device):
         model = BlockDiffusionLM(cfg).to(dtype).eval()

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from dice_kernels.model.attention import DEFAULT_FLEX_DECODING_TILE, configure_flex_decoding
+from decode_throughput import add_flex_tile_option, apply_flex_tile  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "src" / "dice_kernels" / "examples"
@@ -326,10 +326,7 @@ def main() -> None:
                    help="the step's rollouts through the compiled decoder (rollout.compile)")
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
-    p.add_argument("--flex-tile", default=DEFAULT_FLEX_DECODING_TILE, metavar="TILE",
-                   help="with --compile-rollouts: the flex-decoding kernels' tile: BLOCK_N,STAGES,WARPS fixed (default "
-                        "%(default)s), inductor (inductor's own default tile) or auto (autotuned at the first compile; "
-                        "model.attention.configure_flex_decoding)")
+    add_flex_tile_option(p, "--compile-rollouts")
     p.add_argument("--share-weights", action="store_true",
                    help="rollouts read the trained model's gathered weights in place, not a copy kept through the "
                         "update (rollout.share_weights)")
@@ -351,10 +348,7 @@ def main() -> None:
                    help="tiny shapes on the CPU backend, to check the script runs (see above)")
     args = p.parse_args()
     work = Path(args.work)
-    try:
-        configure_flex_decoding(args.flex_tile)
-    except ValueError as e:
-        p.error(str(e))
+    apply_flex_tile(p, args)
     if args.smoke:
         args.shape, args.tasks_per_step, args.group, args.max_new, args.reward_tasks = "tiny", 2, 2, 16, 1
         args.tasks = args.tasks or str(EXAMPLES / "tasks")

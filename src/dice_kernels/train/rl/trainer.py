@@ -39,6 +39,12 @@ class RLError(ValueError):
 # --------------------------------------------------------------------------- one step
 
 
+def _weightless_copy(model: BlockDiffusionLM, dtype: torch.dtype) -> BlockDiffusionLM:
+    """A plain model of `model`'s shape in `dtype`, on the meta device: the rollout policy's module, weights to come."""
+    with torch.device("meta"):
+        return BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch.")))
+
+
 class PolicySnapshot:
     """The rollout policy: a plain (unsharded) copy of the current weights in the compute dtype. Rollouts run on it
     rather than on the FSDP model: ranks decode different numbers of forwards (no collective may run inside), and
@@ -46,8 +52,7 @@ class PolicySnapshot:
     stays allocated through the update (`PolicyView` keeps none)."""
 
     def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
-        with torch.device("meta"):  # no random init of weights that `refresh` overwrites anyway
-            plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch.")))
+        plain = _weightless_copy(model, dtype)  # no random init of weights that `refresh` overwrites anyway
         plain.to_empty(device=device).to(dtype).tie_weights()
         self.plain = plain.eval().requires_grad_(False)
 
@@ -75,8 +80,7 @@ class PolicyView:
     to step (the compiled decoder's regions take the weights as arguments, its CUDA graphs are captured per call)."""
 
     def __init__(self, model: BlockDiffusionLM, dtype: torch.dtype, device: torch.device):
-        with torch.device("meta"):
-            plain = BlockDiffusionLM(replace(model.config, dtype=str(dtype).removeprefix("torch.")))
+        plain = _weightless_copy(model, dtype)
         self.empty = torch.empty(0, dtype=dtype, device=device)
         for name, _ in list(plain.named_parameters()):
             owner, _, leaf = name.rpartition(".")
