@@ -12,6 +12,7 @@ from torch import Tensor
 from dice_kernels.model.attention import (Attention, Layout, MaskMod, block_diffusion_mask_mod, dense_mask,
                                           flex_block_mask)
 from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.train.logprobs import chosen_logprobs
 
 LOG_RATIO_CLAMP = 10.0  # ratio = exp(clamp(logp_new - logp_old, ±10))
 BACKENDS = ("flex", "dense")
@@ -133,7 +134,8 @@ def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, 
 def token_logprobs(model: BlockDiffusionLM, batch: ReplayBatch, backend: str = "dense",
                    temperature: float = 1.0) -> Tensor:
     """Log-probability of every scored token ([N], row-major over `batch.scored`) in its replayed state, from one
-    forward. As in the sampler, the mask token is never a prediction; `temperature` is the rollout's."""
+    forward (the lm_head a chunk of scored tokens at a time: `train.logprobs`). As in the sampler, the mask token is
+    never a prediction; `temperature` is the rollout's (0, greedy, scores at 1)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     device = next(model.parameters()).device
@@ -143,12 +145,8 @@ def token_logprobs(model: BlockDiffusionLM, batch: ReplayBatch, backend: str = "
     mask = build(batch.mask_mod(), rows, length, length, device)
     hidden = model.hidden_states(batch.ids, batch.layout.pos, Attention(mask))
     scored = batch.scored
-    logits = model.lm_head(hidden[scored]).float()
-    if model.config.mask_token_id is not None:
-        logits[:, model.config.mask_token_id] = float("-inf")
-    if temperature > 0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, -1).gather(1, batch.targets[scored][:, None])[:, 0]
+    return chosen_logprobs(hidden[scored], model.lm_head.weight, batch.targets[scored],
+                           excluded=model.config.mask_token_id, temperature=temperature if temperature > 0 else 1.0)
 
 
 def _to(batch: ReplayBatch, device: torch.device) -> ReplayBatch:
