@@ -128,7 +128,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     from dice_kernels.train.model_setup import build_model, load_tokenizer_for
     from dice_kernels.train.optim import build_optimizer
     from dice_kernels.train.rl.curriculum import Curriculum
-    from dice_kernels.train.rl.trainer import PolicySnapshot, RLStep
+    from dice_kernels.train.rl.trainer import RLStep, rollout_policy
 
     r = cfg.rl
     section = ModelSection(checkpoint=str(sft))
@@ -139,7 +139,7 @@ def run_rate(cfg, files, sft: Path, lr: float, args, rl_tasks, valid, heldout, r
     optimizer = build_optimizer(model, optim)
     step_fn = RLStep(model, optimizer, tokenizer, reward, rollout, update, optim.grad_clip,
                      attention_backend(parallel, dist.device), cfg.backend, dist,
-                     PolicySnapshot(model, param_dtype(parallel, dist.device), dist.device))
+                     rollout_policy(model, rollout.share_weights, param_dtype(parallel, dist.device), dist.device))
     curriculum = Curriculum(rl_tasks, r.tasks_per_step, "mixed", cfg.world.seed)
 
     def scores(tasks) -> dict[str, list[float]]:

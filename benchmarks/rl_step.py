@@ -6,12 +6,12 @@
 Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
 `--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
 4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
-checkpointing unless `--no-activation-checkpointing`); seconds per phase, peak GPU memory (and the rollouts' own) and
-what the update starts from (what is still allocated after the rollouts: the weights, the sampler's copy). Rollout
-tokens/s is split into row-forwards/s (the decoder's speed) and tokens per row-forward (the model's confidence:
-about 1 for random weights), with the batch's forwards, the share that committed a block (every row sends a committing
-forward's queries when any row commits) and the rows busy in an average one. Random weights write no code,
-so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
+checkpointing unless `--no-activation-checkpointing`); seconds per phase, peak GPU memory (and each phase's own) and
+what the update starts from (what is still allocated after the rollouts: the weights, and with --no-share-weights the
+sampler's copy). Rollout tokens/s is split into row-forwards/s (the decoder's speed) and tokens per row-forward (the
+model's confidence: about 1 for random weights), with the batch's forwards, the share that committed a block (every
+row sends a committing forward's queries when any row commits) and the rows busy in an average one. Random weights
+write no code, so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
 forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step, from
 the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an
 H200's dense bf16 matmul rate: large matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first
@@ -97,6 +97,7 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
         # random weights: every reward 0, every group flat, nothing trained. Time the same update on the step's
         # trajectories with advantages +1 / -1 alternating (what a group with mixed rewards would give)
         trajs = [r.trajectory for r in step.last_rollouts]
+        _reset_peak(dist.device)
         began = time.monotonic()
         forced = [(i, t, 1.0 if i % 2 else -1.0) for i, t in enumerate(trajs)]
         upd = step.update_policy(forced, trajs[0])
@@ -119,20 +120,26 @@ def _train_step(args, out_dir: Path, rewards) -> dict:
             result["dice_update"] = {"rows_per_update": args.rows_per_update, "update_s": seconds,
                                      "optimizer_steps": len(dice["updates"]), "updates": dice["updates"],
                                      "flops": _update_flops(step, trajs, seconds, peak)}
+        if dist.device.type == "cuda":  # every update above: the second starts with AdamW's moments allocated
+            result["update_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if args.rollouts_again:
         # the step's rollouts again as the trainer draws them (graphs captured afresh, freed after): what every
         # later step's rollout phase pays once the first has compiled the decoder
+        _reset_peak(dist.device)
         began = time.monotonic()
         again = step.rollouts(1, "e2e", tasks)
         result["rollout_again_s"] = time.monotonic() - began
         result.update(_decode_rates(again, result["rollout_again_s"], rollout, "rollout_again"))
+        if dist.device.type == "cuda":  # AdamW's moments allocated now, unlike the first rollouts
+            result["rollout_again_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         # and their reward as a later step pays it: the service already up (the first call started its fork server
         # and workers), the programs under new candidate ids
         result["reward_again_s"] = rewards.score(1, [(r.task.harness_task(), r.candidate) for r in again]).seconds
         if "update_warm_s" in result:
             result["step_again_s"] = result["rollout_again_s"] + result["reward_again_s"] + result["update_warm_s"]
     if dist.device.type == "cuda":
-        result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_gib"] = max(torch.cuda.max_memory_allocated() / 2**30,
+                                 *(v for k, v in result.items() if k.endswith("peak_gib")))
     if args.compare_rollouts:
         result["rollout_compare"] = _rollout_compare(step, tasks)
     print(json.dumps(result), flush=True)
@@ -243,6 +250,12 @@ def _rollout_compare(step, tasks: list) -> list[dict]:
     return rows
 
 
+def _reset_peak(device: torch.device) -> None:
+    """Start a phase's own peak (the whole run's is the largest of the phases')."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
 def _update_flops(step, trajs: list, seconds: float, peak_tflops: float | None) -> dict:
     """Model FLOPs of the forced update, its micro-batches as RLStep lays them out (one rank; the trajectories split
     over `step.updates_for` optimizer steps as `update_policy` splits them), and their rate; MFU against
@@ -327,9 +340,9 @@ def main() -> None:
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile-rollouts: a group's prompt K/V read once per few rows (rollout.share_prompts)")
     add_flex_tile_option(p, "--compile-rollouts")
-    p.add_argument("--share-weights", action="store_true",
+    p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=True,
                    help="rollouts read the trained model's gathered weights in place, not a copy kept through the "
-                        "update (rollout.share_weights)")
+                        "update (rollout.share_weights, the default)")
     p.add_argument("--rollouts-again", action="store_true",
                    help="after the step, its rollouts again as the trainer draws them, and the step a run's later "
                         "steps pay (rollouts again + reward + the update again)")
@@ -403,6 +416,10 @@ def main() -> None:
           f"peak {s.get('peak_gib', 0):.1f} GiB"
           + (f" ({s['rollout_peak_gib']:.1f} GiB while rolling out), {s['held_after_rollouts_gib']:.1f} GiB held "
              "after the rollouts" if "held_after_rollouts_gib" in s else ""))
+    if "update_peak_gib" in s:
+        print(f"peak while updating {s['update_peak_gib']:.1f} GiB"
+              + (f", while rolling out again {s['rollout_again_peak_gib']:.1f} GiB (AdamW's moments allocated)"
+                 if "rollout_again_peak_gib" in s else ""))
     _print_update_flops(s.get("update_flops"))
     if "update_flops_warm" in s:
         print("again, ", end="")

@@ -83,7 +83,7 @@ def test_sft_trainer(tmp_path):
 def test_rl_step(tmp_path, build_cache):
     out = _smoke("rl_step.py", "--work", str(tmp_path / "w"), "--cache-dir", str(build_cache), "--out", "r.json",
                  "--rows-per-update", "1", "--compare-rollouts", "--compile-rollouts", "--rollouts-again",
-                 "--memory-report", "--share-weights", cwd=tmp_path)
+                 "--memory-report", cwd=tmp_path)
     doc = _json(tmp_path / "r.json")
     step, flops = doc["step"], doc["step"]["update_flops"]
     assert step["trained_rollouts"] == 4 and step["update_forced"]

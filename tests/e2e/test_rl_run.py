@@ -40,7 +40,6 @@ e2e_steps = 3
 tasks_per_step = 2
 group = 4
 max_new_tokens = 1
-share_weights = true  # rollouts on the trained weights in place: the checkpoints between steps stay whole
 [reward]
 backend = "cpu"
 trials = 1

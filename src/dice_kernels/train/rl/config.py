@@ -71,9 +71,10 @@ class RolloutConfig:
     # 1.22x faster on an H100, docs/bench.md). Tokens may differ from unshared decoding by bf16 rounding
     share_prompts: bool = True
     # rollouts read the trained model's own gathered weights in place (`PolicyView`) instead of a copy refreshed each
-    # step (`PolicySnapshot`), which stays allocated through the update (SDAR-4B: 7.5 GiB of bf16). Off until measured
-    # on a GPU (the same tokens as the copy on the CPU; its GPU test: tests/e2e/test_rl_policy_view.py)
-    share_weights: bool = False
+    # step (`PolicySnapshot`), which stays allocated through the update (SDAR-4B: 7.5 GiB of bf16). The same tokens as
+    # the copy (tests/e2e/test_rl_policy_view.py, CPU and GPU); the 1.7B step on an H100 held 7.0 GiB after its
+    # rollouts instead of 10.2 at the same speed (docs/rl.md)
+    share_weights: bool = True
     # every step's rollouts (text, reward, candidate id) in <out_dir>/rollouts/step-NNNNN.rankR.jsonl.gz: what the
     # policy wrote, to read and to score again (~1 KB a rollout gzipped)
     save_texts: bool = True
