@@ -4,26 +4,25 @@
     python benchmarks/rl_step.py --smoke --out /tmp/rl.json          # CPU check: tiny model, the examples, seconds
 
 Part 1, the trainer's step (`train/rl/trainer.py` RLStep, FSDP2 over one GPU, random weights of the SDAR-1.7B shape):
-`--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4,
-4 steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
+`--tasks-per-step` tasks x `--group` rollouts of up to `--max-new` tokens (temperature 1.0, dynamic 0.9, block 4, 4
+steps; `--compile-rollouts`: through the compiled decoder), their rewards, the TraceRL update (activation
 checkpointing unless `--no-activation-checkpointing`); seconds per phase, peak GPU memory (and each phase's own) and
 what the update starts from (what is still allocated after the rollouts: the weights, and with --no-share-weights the
 sampler's copy). Rollout tokens/s is split into row-forwards/s (the decoder's speed) and tokens per row-forward (the
 model's confidence: about 1 for random weights), with the batch's forwards, the share that committed a block (every
 row sends a committing forward's queries when any row commits) and the rows busy in an average one. Random weights
-write no code, so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`: the
-forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step, from
-the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about an
-H200's dense bf16 matmul rate: large matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first
-update compiles flex attention for its shapes, so the same update runs again: its time is what every later step of
-a run pays. `--rollouts-again` draws
-the step's rollouts again as the trainer does (the compiled decoder's compiles paid by the first), scores them with
-the reward service the first call started, and adds the step a run's later steps pay: those rollouts, their reward,
-the update again. `--compare-rollouts` also
-decodes the step's rollouts eager and compiled (`rollout.compile`), each twice (the first call captures and compiles).
-`--memory-report` records CUDA's allocation history and says where the live memory was allocated (summed by the
-innermost frame of this repository's code): after the rollouts (what the update starts from) and, when the step runs
-out of memory, at the failure (a snapshot taken by an out-of-memory observer, before the error unwinds anything).
+write no code, so this step's reward phase only sees generation failures. The update's model FLOPs (`train/flops.py`:
+the forward and backward of every micro-batch and the old-policy forward of those after the first optimizer step,
+from the tokens each processed, padding apart) give its TFLOP/s and MFU against `--peak-tflops` (default 790, about
+an H200's dense bf16 matmul rate: large matmuls measured 730-781 TFLOP/s there; no MFU is shown on a CPU). The first
+update compiles flex attention for its shapes, so the same update runs again: its time is what every later step of a
+run pays. `--rollouts-again` draws the step's rollouts again as the trainer does (the compiled decoder's compiles
+paid by the first), scores them with the reward service the first call started, and adds the step a run's later steps
+pay: those rollouts, their reward, the update again. `--compare-rollouts` also decodes the step's rollouts eager and
+compiled (`rollout.compile`), each twice (the first call captures and compiles). `--memory-report` records CUDA's
+allocation history and says where the live memory was allocated (summed by the innermost frame of this repository's
+code): after the rollouts (what the update starts from) and, when the step runs out of memory, at the failure (a
+snapshot taken by an out-of-memory observer, before the error unwinds anything).
 
 Part 2, the reward service on real programs: the shipped example solutions (correct, wrong, failing to compile or
 to load) of the two example tasks, each task under `--reward-tasks` ids x 8 candidates, scored twice by the same

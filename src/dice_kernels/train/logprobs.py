@@ -41,9 +41,10 @@ class _ChosenLogProbs(torch.autograd.Function):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
         for s in range(0, hidden.shape[0], chunk_tokens):
-            logits = _logits(hidden[s:s + chunk_tokens], weight, excluded, temperature)
-            lse[s:s + chunk_tokens] = torch.logsumexp(logits, -1)
-            out[s:s + chunk_tokens] = logits.gather(1, targets[s:s + chunk_tokens, None])[:, 0] - lse[s:s + chunk_tokens]
+            part = slice(s, s + chunk_tokens)
+            logits = _logits(hidden[part], weight, excluded, temperature)
+            lse[part] = torch.logsumexp(logits, -1)
+            out[part] = logits.gather(1, targets[part, None])[:, 0] - lse[part]
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.excluded, ctx.temperature, ctx.chunk_tokens = excluded, temperature, chunk_tokens
         return out
@@ -56,16 +57,17 @@ class _ChosenLogProbs(torch.autograd.Function):
         # summed over chunks in fp32, then given back in the weight's dtype as the unchunked backward gives it
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
         for s in range(0, hidden.shape[0], ctx.chunk_tokens):
-            h, g = hidden[s:s + ctx.chunk_tokens], grad_out[s:s + ctx.chunk_tokens].float()
+            part = slice(s, s + ctx.chunk_tokens)
+            h, g = hidden[part], grad_out[part].float()
             # in place over the chunk's logits: -g * softmax, then + g at the target
             grad = _logits(h, weight, ctx.excluded, ctx.temperature)
-            grad.sub_(lse[s:s + ctx.chunk_tokens, None]).exp_().mul_(-g[:, None])
-            grad.scatter_add_(1, targets[s:s + ctx.chunk_tokens, None], g[:, None])
+            grad.sub_(lse[part, None]).exp_().mul_(-g[:, None])
+            grad.scatter_add_(1, targets[part, None], g[:, None])
             if ctx.temperature != 1.0:
                 grad.div_(ctx.temperature)
             grad = grad.to(hidden.dtype)
             if want_hidden:
-                grad_hidden[s:s + ctx.chunk_tokens] = grad @ weight
+                grad_hidden[part] = grad @ weight
             if want_weight:
                 grad_weight += grad.T @ h
         if want_weight:
