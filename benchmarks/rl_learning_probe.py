@@ -102,7 +102,7 @@ def policy_programs(step_fn, tasks, samples: int) -> dict[str, list[str | None]]
 
     r = step_fn.rollout
     sampling = dataclasses.replace(r.sampling(), temperature=r.temperature if samples else 0.0, seed=0)
-    with step_fn.policy.weights(step_fn.model) as policy:  # the weights the rollouts decode with
+    with step_fn.rollout_weights() as policy:
         rollouts = generate_rollouts(policy, step_fn.tokenizer, tasks, samples or 1, "e2e", step_fn.backend,
                                      sampling, r.batch_rows, 1_000, step_fn.stop_ids)
     programs: dict[str, list[str | None]] = {}

@@ -37,7 +37,6 @@ are the prompts. Nothing is skipped but the GPU: part 1 and part 2 run their rea
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import replace
 import json
 import time
@@ -232,8 +231,7 @@ def _rollout_compare(step, tasks: list) -> list[dict]:
     from dice_kernels.train.rl.rollout import generate_rollouts
 
     rows = []
-    weights = step.policy.weights(step.model) if step.policy is not None else contextlib.nullcontext(step.model)
-    with weights as policy:
+    with step.rollout_weights() as policy:
         for compiled in (False, True):
             rollout = replace(step.rollout, compile=compiled)
             for call in ("first", "again"):

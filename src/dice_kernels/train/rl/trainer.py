@@ -206,10 +206,13 @@ class RLStep:
                        dropped_groups=dropped, trained_rollouts=trained, tokens_generated=tokens,
                        seconds=seconds, **upd)
 
+    def rollout_weights(self) -> contextlib.AbstractContextManager[BlockDiffusionLM]:
+        """The current weights as rollouts decode them, for a `with` block: the rollout policy's, or the model."""
+        return self.policy.weights(self.model) if self.policy is not None else contextlib.nullcontext(self.model)
+
     def rollouts(self, step: int, phase: str, tasks: list[RLTask]) -> list:
-        """This rank's rollouts of `tasks` from the current weights (the rollout policy's, or the model itself)."""
-        weights = self.policy.weights(self.model) if self.policy is not None else contextlib.nullcontext(self.model)
-        with weights as policy:
+        """This rank's rollouts of `tasks` from the current weights (`rollout_weights`)."""
+        with self.rollout_weights() as policy:
             return generate_rollouts(policy, self.tokenizer, tasks, self.rollout.group, phase, self.backend,
                                      self.rollout.sampling(), self.rollout.batch_rows, step, self.stop_ids)
 
