@@ -137,6 +137,15 @@ def rl(
                                                      "--set model.checkpoint=runs/sft/final (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in out_dir from its newest resumable "
                                                         "state (model, optimizer, curriculum position, RNG)."),
+    plan: bool = typer.Option(False, "--plan", help="Print the memory plan (states; the rollouts' weights and KV "
+                                                    "cache; the update's gradients, activations and log-probs; "
+                                                    "per-GPU peak) and exit; builds the model on the meta device "
+                                                    "only."),
+    gpus: int = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over."),
+    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
+    prompt_tokens: int = typer.Option(2048, "--prompt-tokens", help="--plan: the longest prompt of a rollout batch, "
+                                                                    "tokens (KernelBench's end-to-end prompts: "
+                                                                    "median ~900, 90 % under ~1,400, longest ~6,500)."),
     show: bool = typer.Option(False, "--show", help=SHOW_HELP),
 ) -> None:
     """BiC-RL: rollouts, execution rewards from the harness, TraceRL updates (docs/rl.md).
@@ -148,6 +157,7 @@ def rl(
       dice train rl tiny --set model.checkpoint=runs/sft-tiny/final   # the checkpoint replaces the tiny shape
       torchrun --nproc_per_node 8 -m dice_kernels train rl dice --set out_dir=runs/rl-8b
       dice train rl dice --set out_dir=runs/rl-8b --resume   # after a crash or kill
+      dice train rl dice --plan --gpus 8 --gpu-memory 80     # does a step fit? (config.json only)
 
     \b
     The run directory (out_dir) gets config.toml, metrics.jsonl (reward, Exec, outcomes, KL, clip
@@ -165,28 +175,51 @@ def rl(
         if show:
             typer.echo(to_toml(cfg), nl=False)
             return
+        if plan:
+            _print_rl_plan(cfg, gpus, gpu_memory, prompt_tokens)
+            return
         need_extra("train", "dice train rl")
         run_rl(cfg, resume=resume)
     except (ConfigError, ModelSetupError, CheckpointError, RLError) as e:
         fail(str(e))
 
 
-def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
+def _plan_model_config(cfg, gpus: int):
+    """The model's shape for a memory plan: a checkpoint's config.json (a directory without weights is enough), a
+    shipped SDAR shape, or the random-init shape of the config's tokenizer."""
     from dice_kernels.model.checkpoint import load_config
     from dice_kernels.model.config import SDAR_SHAPES
     from dice_kernels.train.model_setup import load_tokenizer_for, model_config
-    from dice_kernels.train.plan import format_plan, memory_plan
 
     if gpus < 1:
         fail("--gpus must be >= 1")
     if cfg.model.checkpoint:
-        mcfg = load_config(cfg.model.checkpoint)  # config.json only: a directory without weights is enough
-    elif cfg.model.shape in SDAR_SHAPES:
-        mcfg = SDAR_SHAPES[cfg.model.shape]
-    else:
-        mcfg = model_config(cfg.model, load_tokenizer_for(cfg.model))
+        return load_config(cfg.model.checkpoint)
+    if cfg.model.shape in SDAR_SHAPES:
+        return SDAR_SHAPES[cfg.model.shape]
+    return model_config(cfg.model, load_tokenizer_for(cfg.model))
+
+
+def _print_plan(cfg, gpus: int, gpu_memory: float) -> None:
+    from dice_kernels.train.plan import format_plan, memory_plan
+
+    mcfg = _plan_model_config(cfg, gpus)
     accumulation = max(1, cfg.train.global_batch_rows // (gpus * cfg.train.micro_batch_rows))
     p = memory_plan(mcfg, gpus, cfg.data.row_len, cfg.train.micro_batch_rows, accumulation)
     typer.echo(f"memory plan: {cfg.model.checkpoint or cfg.model.shape}, rows of {cfg.data.row_len} tokens, "
                f"micro-batch {cfg.train.micro_batch_rows} row(s), bf16 compute, fp32 master weights, FSDP2")
     typer.echo(format_plan(p, gpu_memory, cfg.parallel.activation_checkpointing))
+
+
+def _print_rl_plan(cfg, gpus: int, gpu_memory: float, prompt_tokens: int) -> None:
+    from dice_kernels.train.plan import format_rl_plan, rl_memory_plan
+
+    if prompt_tokens < 1:
+        fail("--prompt-tokens must be >= 1")
+    mcfg = _plan_model_config(cfg, gpus)
+    ro = cfg.rollout
+    p = rl_memory_plan(mcfg, gpus, prompt_tokens, ro, cfg.update.micro_rows)
+    typer.echo(f"memory plan: {cfg.model.checkpoint or cfg.model.shape}, prompts of up to {prompt_tokens} tokens, "
+               f"{ro.max_new_tokens} new tokens, block {ro.block_size} in up to {ro.steps} steps; bf16 compute, "
+               "fp32 master weights, FSDP2")
+    typer.echo(format_rl_plan(p, gpu_memory, cfg.parallel.activation_checkpointing))

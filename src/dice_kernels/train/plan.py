@@ -1,8 +1,9 @@
-"""Memory plan (`dice train sft CONFIG --plan`): the model built on the meta device (no weights, no GPU) gives the
+"""Memory plans (`dice train sft|rl CONFIG --plan`): the model built on the meta device (no weights, no GPU) gives the
 parameter count; FSDP2 with fp32 master weights and bf16 compute gives the per-GPU bytes of states, gathered
-layers and activations (per token and layer, counted from what autograd saves in this model's layers). A step's
-peak is the larger of two moments: the start of the last micro-batch's backward (every activation alive) and
-AdamW's update (weights, gradients, moments: the fused update keeps no temporary)."""
+layers and activations (per token and layer, counted from what autograd saves in this model's layers). An SFT step's
+peak is the larger of the start of the last micro-batch's backward (every activation alive) and AdamW's update
+(weights, gradients, moments: the fused update keeps no temporary); an RL step's, of its rollouts (the weights
+gathered whole, the KV cache) and its update (a replayed micro-batch, log-probs a chunk of tokens at a time)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
+from dice_kernels.model.attention import FLEX_BLOCK
 from dice_kernels.model.config import ModelConfig
 from dice_kernels.model.transformer import BlockDiffusionLM
+from dice_kernels.sampling.decoder import SPAN_STEP, rows_per_prompt_copy
+from dice_kernels.train.logprobs import CHUNK_TOKENS
+from dice_kernels.train.rl.config import RolloutConfig
+from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE
 
 GiB = 2**30
 COMPUTE_BYTES = 2  # bf16 activations and gathered parameters
@@ -74,24 +80,35 @@ def activation_bytes_per_token(cfg: ModelConfig) -> float:
     return COMPUTE_BYTES * saved + stats
 
 
+def gathered_bytes(layer_params: int, layers: int, gpus: int) -> float:
+    """bf16 layers gathered at once (this one and the prefetched next; every one on one GPU, which keeps them from
+    forward to backward), a layer's bf16 gradients and its fp32 reduce buffer."""
+    return layer_params * ((layers if gpus == 1 else 2) * COMPUTE_BYTES + COMPUTE_BYTES + 4)
+
+
+def activation_bytes(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
+    """What a forward of `tokens` tokens saves for backward: (without, with activation checkpointing). With it,
+    each layer's input, plus one layer recomputed; both with the embedding output and the final norm's in and out."""
+    per_token = activation_bytes_per_token(cfg)
+    edge = 3 * tokens * cfg.hidden_size * COMPUTE_BYTES
+    return (cfg.num_hidden_layers * tokens * per_token + edge,
+            cfg.num_hidden_layers * tokens * cfg.hidden_size * COMPUTE_BYTES + tokens * per_token + edge)
+
+
 def memory_plan(cfg: ModelConfig, gpus: int, row_len: int, micro_rows: int, accumulation: int = 1,
                 masked_fraction: float = 0.5) -> MemoryPlan:
-    """Per-GPU memory of a training step. `masked_fraction`: masked tokens per row token (E[p] = 0.5 times the
+    """Per-GPU memory of an SFT step. `masked_fraction`: masked tokens per row token (E[p] = 0.5 times the
     response share; 0.5 assumes all-response rows, an upper estimate)."""
     params, layer = count_params(cfg)
     root = params - layer * cfg.num_hidden_layers
     tokens = 2 * row_len * micro_rows
     masked = int(masked_fraction * row_len * micro_rows)
-    per_token = activation_bytes_per_token(cfg)
-    edge = 3 * tokens * cfg.hidden_size * COMPUTE_BYTES  # embedding output, final norm in/out
+    activations, activations_ac = activation_bytes(cfg, tokens)
     return MemoryPlan(
         params=params, layer_params=layer, gpus=gpus, accumulation=accumulation, tokens=tokens, masked_tokens=masked,
         weights=4 * params / gpus, grads=4 * params / gpus, adam=8 * params / gpus,
-        gathered=layer * ((cfg.num_hidden_layers if gpus == 1 else 2) * COMPUTE_BYTES + COMPUTE_BYTES + 4),
-        root=root * 2 * COMPUTE_BYTES,
-        activations=cfg.num_hidden_layers * tokens * per_token + edge,
-        activations_ac=cfg.num_hidden_layers * tokens * cfg.hidden_size * COMPUTE_BYTES + tokens * per_token + edge,
-        logits=masked * cfg.vocab_size * LOGIT_BYTES,
+        gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus), root=root * 2 * COMPUTE_BYTES,
+        activations=activations, activations_ac=activations_ac, logits=masked * cfg.vocab_size * LOGIT_BYTES,
     )
 
 
@@ -119,4 +136,143 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float, checkpointing: bool) ->
         lines.append(f"peak per GPU {'with' if ac else 'without'} AC: {g(total)} of {gpu_memory_gib:g} GiB: "
                      f"{verdict}{chosen}")
     lines.append("(plus the CUDA context and allocator slack, ~1-3 GiB; 'fits' leaves 5 % headroom)")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RLMemoryPlan:
+    """Per-GPU bytes of an RL step: the states held throughout, then each phase's own. Upper estimates: every row
+    reaches the longest prompt plus `max_new_tokens`, and every block is decoded in all its denoising steps."""
+
+    params: int
+    gpus: int
+    rollout_rows: int  # rows decoded together
+    kv_slots: int  # KV-cache slots a row: the longest prompt and every new token, in whole flex blocks
+    prompt_copies: int  # shared copies of the groups' prompts (compiled decoding, `rollout.share_prompts`)
+    micro_rows: int
+    replay_tokens: int  # a replayed row: clean context and a noisy copy of each block per step, padded for flex
+    share_weights: bool
+    weights: float  # fp32 master weights, sharded
+    adam: float  # AdamW's two fp32 moments (from the first optimizer step on), sharded
+    # rolling out
+    rollout_weights: float  # bf16 weights whole on every GPU: gathered in place, or the policy's copy
+    refresh: float  # the copy's refresh: the fp32 state dict gathered whole (several GPUs, before the KV cache)
+    kv_cache: float
+    decoder: float  # a forward's logits (bf16, fp32, the CUDA graphs' buffer)
+    # updating
+    grads: float  # fp32 gradients, sharded, accumulated over the micro-batches
+    gathered: float
+    root: float
+    activations: float
+    activations_ac: float
+    logprobs: float  # a chunk's logits and gradients, the lm_head's gradient summed in fp32, the scored hiddens
+    policy_copy: float  # the rollout policy's copy, kept through the update (without `share_weights`)
+
+    def rollout_peak(self) -> float:
+        return self.weights + self.adam + self.rollout_weights + max(self.refresh, self.kv_cache + self.decoder)
+
+    def rollout_rows_within(self, budget: float) -> int:
+        """The most rows decoded together whose rollouts fit `budget` bytes (0: none)."""
+        per_row = (self.kv_cache + self.decoder) / self.rollout_rows  # shared prompt copies included: an upper bound
+        free = budget - self.weights - self.adam - self.rollout_weights
+        return max(0, int(free // per_row))
+
+    def update_peak(self, checkpointing: bool) -> float:
+        acts = self.activations_ac if checkpointing else self.activations
+        return (self.weights + self.adam + self.grads + self.gathered + self.root + acts + self.logprobs
+                + self.policy_copy)
+
+    def total(self, checkpointing: bool) -> float:
+        return max(self.rollout_peak(), self.update_peak(checkpointing))
+
+
+def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: RolloutConfig,
+                   micro_rows: int) -> RLMemoryPlan:
+    """Per-GPU memory of an RL step: a rank's rollouts (its share of `rollout.tasks_per_step` x `group`, up to
+    `batch_rows` decoded together, prompts of up to `prompt_tokens`), then the TraceRL update, `micro_rows` replayed
+    responses a forward."""
+    params, layer = count_params(cfg)
+    whole = lambda n, k: -(-n // k) * k  # noqa: E731
+    block, new = rollout.block_size, rollout.max_new_tokens
+    share = -(-rollout.tasks_per_step * rollout.group // gpus)  # this rank's rollouts
+    rows = min(rollout.batch_rows, share)
+    # as the decoder sizes its cache: prompt and new tokens in whole spans, a scratch block, whole flex blocks
+    slots = whole(whole(whole(prompt_tokens + new, SPAN_STEP), block) + block, FLEX_BLOCK)
+    kv_per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * COMPUTE_BYTES
+    # compiled decoding of whole groups at once: a copy of a group's prompt per few rows, beside the rows' own cache
+    # (which still has room for the prompt: a row of an uncompiled or refilled batch holds its own)
+    shared = rollout.compile and rollout.share_prompts and rollout.group > 1 and rows == share
+    copies = rows // rows_per_prompt_copy(rollout.group, 2 * block * cfg.num_attention_heads
+                                          // cfg.num_key_value_heads) if shared else 0
+    replay = whole(prompt_tokens + new * (1 + rollout.steps), REPLAY_MULTIPLE)
+    scored = micro_rows * new
+    chunk = min(CHUNK_TOKENS, scored)
+    activations, activations_ac = activation_bytes(cfg, micro_rows * replay)
+    copy = COMPUTE_BYTES * params
+    return RLMemoryPlan(
+        params=params, gpus=gpus, rollout_rows=rows, kv_slots=slots, prompt_copies=copies, micro_rows=micro_rows,
+        replay_tokens=replay, share_weights=rollout.share_weights,
+        weights=4 * params / gpus, adam=8 * params / gpus,
+        rollout_weights=copy, refresh=4 * params if gpus > 1 and not rollout.share_weights else 0.0,
+        kv_cache=(rows * slots + copies * whole(prompt_tokens, FLEX_BLOCK)) * kv_per_slot,
+        decoder=rows * block * cfg.vocab_size * (COMPUTE_BYTES + 4 + 4),
+        grads=4 * params / gpus, gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus),
+        root=(params - layer * cfg.num_hidden_layers) * 2 * COMPUTE_BYTES,
+        activations=activations, activations_ac=activations_ac,
+        logprobs=(chunk * cfg.vocab_size * (COMPUTE_BYTES + 4 + COMPUTE_BYTES)
+                  + cfg.vocab_size * cfg.hidden_size * (4 + COMPUTE_BYTES) + 2 * scored * cfg.hidden_size * COMPUTE_BYTES),
+        policy_copy=0.0 if rollout.share_weights else copy,
+    )
+
+
+def format_rl_plan(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: bool) -> str:
+    g = lambda b: f"{b / GiB:8.1f} GiB"  # noqa: E731
+    weights_how = ("the trained model's, gathered in place (rollout.share_weights)" if plan.share_weights
+                   else "the rollout policy's copy")
+    lines = [
+        f"parameters        {plan.params / 1e9:8.3f} B",
+        f"per GPU, sharded over {plan.gpus} GPU(s), held through the step:",
+        f"  fp32 weights      {g(plan.weights)}",
+        f"  AdamW moments     {g(plan.adam)}",
+        f"rolling out, {plan.rollout_rows} rows at once, {plan.kv_slots} cache slots a row"
+        + (f", {plan.prompt_copies} shared prompt copies:" if plan.prompt_copies else ":"),
+        f"  bf16 weights      {g(plan.rollout_weights)}   (all of them: {weights_how})",
+    ]
+    if plan.refresh:
+        lines.append(f"  copy's refresh    {g(plan.refresh)}   (the fp32 state dict gathered whole, before decoding)")
+    lines += [
+        f"  KV cache          {g(plan.kv_cache)}",
+        f"  decoder logits    {g(plan.decoder)}",
+        f"  rollout peak      {g(plan.rollout_peak())}",
+        f"updating, {plan.micro_rows} replayed row(s) a forward of up to {plan.replay_tokens} tokens "
+        "(context and a noisy copy of each block per step):",
+        f"  fp32 gradients    {g(plan.grads)}",
+        f"  gathered layers   {g(plan.gathered)}   (bf16 weights of 2 layers, all on 1 GPU; grads, fp32 reduce buffer)",
+        f"  root unit         {g(plan.root)}   (embeddings / lm_head / norm, gathered all step, + grads)",
+        f"  activations       {g(plan.activations)}   without activation checkpointing",
+        f"  activations (AC)  {g(plan.activations_ac)}   with activation checkpointing",
+        f"  log-probs         {g(plan.logprobs)}   (a chunk of logits, the lm_head's fp32 gradient)",
+    ]
+    if plan.policy_copy:
+        lines.append(f"  policy's copy     {g(plan.policy_copy)}   (kept through the update: rollout.share_weights "
+                     "is off)")
+    lines += [f"  update peak       {g(plan.update_peak(False))}   without activation checkpointing",
+              f"  update peak (AC)  {g(plan.update_peak(True))}   with it"]
+    budget = gpu_memory_gib * GiB * 0.95
+    for ac in (False, True):
+        total = plan.total(ac)
+        verdict = "fits" if total <= budget else "does NOT fit"
+        chosen = "  <- this config" if ac == checkpointing else ""
+        lines.append(f"step peak per GPU {'with' if ac else 'without'} AC: {g(total)} of {gpu_memory_gib:g} GiB: "
+                     f"{verdict}{chosen}")
+    if plan.rollout_peak() > budget:
+        rows = plan.rollout_rows_within(budget)
+        lines.append(f"rollouts fit with rollout.batch_rows = {rows} (or fewer)" if rows else
+                     "rollouts do not fit at any rollout.batch_rows: shard over more GPUs")
+    if plan.update_peak(checkpointing) > budget:
+        lines.append("the update does not fit: lower update.micro_rows"
+                     + ("" if checkpointing else ", turn on parallel.activation_checkpointing") + " or shard over more "
+                     "GPUs")
+    lines.append("(plus the CUDA context, compiled kernels and allocator slack, ~1-3 GiB; 'fits' leaves 5 % headroom;"
+                 " upper estimates: every row as long as allowed)")
     return "\n".join(lines)

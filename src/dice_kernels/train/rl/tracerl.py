@@ -16,6 +16,8 @@ from dice_kernels.train.logprobs import chosen_logprobs
 
 LOG_RATIO_CLAMP = 10.0  # ratio = exp(clamp(logp_new - logp_old, ±10))
 BACKENDS = ("flex", "dense")
+# with flex, a step's micro-batches pad their rows to a multiple of this: compiled flex compiles once per shape
+REPLAY_MULTIPLE = 1024
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from dice_kernels.train.rl.config import RLConfig, RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 from dice_kernels.train.rl.reward import RewardService
 from dice_kernels.train.rl.rollout import generate_rollouts, save_rollouts
-from dice_kernels.train.rl.tracerl import (ReplayBatch, Trajectory, denoising_rows, policy_loss, replay_batch,
-                                           replay_length, row_of_scored, token_logprobs)
+from dice_kernels.train.rl.tracerl import (REPLAY_MULTIPLE, ReplayBatch, Trajectory, denoising_rows, policy_loss,
+                                           replay_batch, replay_length, row_of_scored, token_logprobs)
 
 
 class RLError(ValueError):
@@ -218,7 +218,7 @@ class RLStep:
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
-        share a forward. With flex every micro-batch of the call has one length, a multiple of 1,024, and one row
+        share a forward. With flex every micro-batch of the call has one length, a multiple of `REPLAY_MULTIPLE`, and one row
         count (`flex_rows`): compiled flex compiles once per shape (about a minute for the 1.7B shape on the H200), so
         a run compiles a few, not one per micro-batch (a step trains however many rollouts had reward variance, so
         its last micro-batch would change size)."""
@@ -226,7 +226,7 @@ class RLStep:
         lengths = [replay_length(t, block) for t in trajs]
         rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
         n, flex = self.update.micro_rows, self.attention == "flex"
-        length = -(-max(lengths) // 1024) * 1024 if flex else 0
+        length = -(-max(lengths) // REPLAY_MULTIPLE) * REPLAY_MULTIPLE if flex else 0
         rows_per_batch = flex_rows(len(trajs), n) if flex else 0
         return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length,
                                     rows=rows_per_batch))
