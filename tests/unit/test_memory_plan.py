@@ -20,7 +20,8 @@ from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE, Trajectory, replay_le
 BLOCK = 4
 
 
-@pytest.mark.parametrize("prompt_len,new,group,compiled", [(5, 14, 1, False), (130, 300, 4, True), (61, 67, 8, True)])
+@pytest.mark.parametrize("prompt_len,new,group,compiled", [(5, 14, 1, False), (130, 300, 4, True), (61, 67, 8, True),
+                                                              (100, 30, 4, True)])
 def test_kv_cache_is_the_decoders(prompt_len, new, group, compiled):
     """The plan's cache bytes are those of the cache the decoder builds for the same batch: each row's slots and,
     decoding whole groups compiled, the shared copies of their prompts."""

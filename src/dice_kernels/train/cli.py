@@ -12,6 +12,9 @@ from dice_kernels.cli_errors import fail, need_extra
 app = typer.Typer(help="Train block-diffusion models: SFT (`dice train sft`), BiC-RL (`dice train rl`).",
                   no_args_is_help=True)
 SHOW_HELP = "Print the full config (every key, defaults included, overrides applied) as TOML and exit."
+# the memory plans' machine (`--plan` of both trainers)
+GPUS = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over.")
+GPU_MEMORY = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB.")
 
 
 def _overrides(set_: list[str]) -> list[str]:
@@ -90,8 +93,8 @@ def sft(
     plan: bool = typer.Option(False, "--plan", help="Print the memory plan (parameters, gradients, optimizer "
                                                     "state, activations, per-GPU total) and exit; builds the "
                                                     "model on the meta device only."),
-    gpus: int = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over."),
-    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
+    gpus: int = GPUS,
+    gpu_memory: float = GPU_MEMORY,
     show: bool = typer.Option(False, "--show", help=SHOW_HELP),
 ) -> None:
     """Supervised fine-tuning with the SDAR block-diffusion objective.
@@ -141,8 +144,8 @@ def rl(
                                                     "cache; the update's gradients, activations and log-probs; "
                                                     "per-GPU peak) and exit; builds the model on the meta device "
                                                     "only."),
-    gpus: int = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over."),
-    gpu_memory: float = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB."),
+    gpus: int = GPUS,
+    gpu_memory: float = GPU_MEMORY,
     prompt_tokens: int = typer.Option(2048, "--prompt-tokens", help="--plan: the longest prompt of a rollout batch, "
                                                                     "tokens (KernelBench's end-to-end prompts: "
                                                                     "median ~900, 90 % under ~1,400, longest ~6,500)."),
@@ -157,7 +160,7 @@ def rl(
       dice train rl tiny --set model.checkpoint=runs/sft-tiny/final   # the checkpoint replaces the tiny shape
       torchrun --nproc_per_node 8 -m dice_kernels train rl dice --set out_dir=runs/rl-8b
       dice train rl dice --set out_dir=runs/rl-8b --resume   # after a crash or kill
-      dice train rl dice --plan --gpus 8 --gpu-memory 80     # does a step fit? (config.json only)
+      dice train rl dice --plan --gpus 8 --gpu-memory 80     # does a step fit? (the checkpoint's config.json)
 
     \b
     The run directory (out_dir) gets config.toml, metrics.jsonl (reward, Exec, outcomes, KL, clip

@@ -203,7 +203,8 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
     share = -(-rollout.tasks_per_step * rollout.group // gpus)  # this rank's rollouts
     rows = min(rollout.batch_rows, share)
     # as the decoder sizes its cache: prompt and new tokens in whole spans, a scratch block, whole flex blocks
-    slots = whole(whole(whole(prompt_tokens + new, SPAN_STEP), block) + block, FLEX_BLOCK)
+    seq = whole(whole(prompt_tokens + new, SPAN_STEP), block)
+    slots = whole(seq + block, FLEX_BLOCK)
     kv_per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * COMPUTE_BYTES
     # compiled decoding of whole groups at once: a copy of a group's prompt per few rows, beside the rows' own cache
     # (which still has room for the prompt: a row of an uncompiled or refilled batch holds its own)
@@ -218,7 +219,7 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
         replay_tokens=replay, share_weights=rollout.share_weights,
         weights=4 * params / gpus, adam=8 * params / gpus,
         rollout_weights=copy, refresh=4 * params if gpus > 1 and not rollout.share_weights else 0.0,
-        kv_cache=(rows * slots + copies * whole(prompt_tokens, FLEX_BLOCK)) * kv_per_slot,
+        kv_cache=(rows * slots + copies * whole(seq - new, FLEX_BLOCK)) * kv_per_slot,
         decoder=rows * block * cfg.vocab_size * (COMPUTE_BYTES + 4 + 4),
         grads=4 * params / gpus, gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus),
         root=(params - layer * cfg.num_hidden_layers) * 2 * COMPUTE_BYTES,
