@@ -21,6 +21,9 @@ from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE
 
 GiB = 2**30
 COMPUTE_BYTES = 2  # bf16 activations and gathered parameters
+# Per masked token and vocabulary entry at the start of backward: the saved fp32 log-softmax, its incoming fp32
+# gradient, the gradient of the logits (fp32) and its bf16 cast.
+LOGIT_BYTES = 4 + 4 + 4 + 2
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class MemoryPlan:
     root: float  # the root unit (embeddings, final norm, lm_head) gathered for the whole step, and its bf16 grads
     activations: float  # saved for backward, without activation checkpointing
     activations_ac: float  # with it: each layer's input, plus one layer recomputed
-    logits: float  # the masked tokens' log-probs through the lm_head (`logprob_bytes`)
+    logits: float
 
     def backward_peak(self, checkpointing: bool) -> float:
         """Start of the last micro-batch's backward: weights, moments, the gradients of earlier micro-batches,
@@ -77,15 +80,6 @@ def activation_bytes_per_token(cfg: ModelConfig) -> float:
     return COMPUTE_BYTES * saved + stats
 
 
-def logprob_bytes(cfg: ModelConfig, scored: int) -> float:
-    """The lm_head's log-probs of `scored` tokens, a chunk at a time (`train.logprobs`): a chunk's bf16 logits, their
-    fp32 copy and bf16 gradient; the lm_head's gradient summed in fp32, and its cast; the scored hidden states and
-    their gradient."""
-    chunk = min(CHUNK_TOKENS, scored)
-    return (chunk * cfg.vocab_size * (COMPUTE_BYTES + 4 + COMPUTE_BYTES)
-            + cfg.vocab_size * cfg.hidden_size * (4 + COMPUTE_BYTES) + 2 * scored * cfg.hidden_size * COMPUTE_BYTES)
-
-
 def gathered_bytes(layer_params: int, layers: int, gpus: int) -> float:
     """bf16 layers gathered at once (this one and the prefetched next; every one on one GPU, which keeps them from
     forward to backward), a layer's bf16 gradients and its fp32 reduce buffer."""
@@ -114,7 +108,7 @@ def memory_plan(cfg: ModelConfig, gpus: int, row_len: int, micro_rows: int, accu
         params=params, layer_params=layer, gpus=gpus, accumulation=accumulation, tokens=tokens, masked_tokens=masked,
         weights=4 * params / gpus, grads=4 * params / gpus, adam=8 * params / gpus,
         gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus), root=root * 2 * COMPUTE_BYTES,
-        activations=activations, activations_ac=activations_ac, logits=logprob_bytes(cfg, masked),
+        activations=activations, activations_ac=activations_ac, logits=masked * cfg.vocab_size * LOGIT_BYTES,
     )
 
 
@@ -130,7 +124,7 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float, checkpointing: bool) ->
         f"  AdamW moments     {g(plan.adam)}",
         f"  gathered layers   {g(plan.gathered)}   (bf16 weights of 2 layers, all on 1 GPU; grads, fp32 reduce buffer)",
         f"  root unit         {g(plan.root)}   (embeddings / lm_head / norm, gathered all step, + grads)",
-        f"  lm_head logits    {g(plan.logits)}   (masked tokens only, a chunk at a time, the lm_head's fp32 gradient)",
+        f"  lm_head logits    {g(plan.logits)}   (masked tokens only)",
         f"  activations       {g(plan.activations)}   without activation checkpointing",
         f"  activations (AC)  {g(plan.activations_ac)}   with activation checkpointing",
         f"  AdamW update      {g(plan.update_peak())}   (weights, grads, moments; fused, in place)",
@@ -212,6 +206,8 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
     copies = rows // rows_per_prompt_copy(rollout.group, 2 * block * cfg.num_attention_heads
                                           // cfg.num_key_value_heads) if shared else 0
     replay = whole(prompt_tokens + new * (1 + rollout.steps), REPLAY_MULTIPLE)
+    scored = micro_rows * new
+    chunk = min(CHUNK_TOKENS, scored)
     activations, activations_ac = activation_bytes(cfg, micro_rows * replay)
     copy = COMPUTE_BYTES * params
     return RLMemoryPlan(
@@ -224,7 +220,8 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
         grads=4 * params / gpus, gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus),
         root=(params - layer * cfg.num_hidden_layers) * 2 * COMPUTE_BYTES,
         activations=activations, activations_ac=activations_ac,
-        logprobs=logprob_bytes(cfg, micro_rows * new),
+        logprobs=(chunk * cfg.vocab_size * (COMPUTE_BYTES + 4 + COMPUTE_BYTES)
+                  + cfg.vocab_size * cfg.hidden_size * (4 + COMPUTE_BYTES) + 2 * scored * cfg.hidden_size * COMPUTE_BYTES),
         policy_copy=0.0 if rollout.share_weights else copy,
     )
 

@@ -12,7 +12,6 @@ from torch import Tensor
 
 from dice_kernels.model.attention import Attention, Layout, block_diffusion_mask_mod, dense_mask, flex_block_mask
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.train.logprobs import chosen_logprobs
 
 MIN_MASK_PROB = 1e-3  # p = (1 - eps) * t + eps, so no sample is trained with p = 0
 BACKENDS = ("flex", "dense")
@@ -129,10 +128,10 @@ def sft_loss(model: BlockDiffusionLM, batch: PackedBatch, corruption: Corruption
              backend: str = "flex") -> Tensor:
     """Sum over masked tokens of CE / p, divided by the number of response tokens in the batch.
 
-    The lm_head runs on the masked positions only (the 150k-vocab logits of the other tokens are never needed), a
-    chunk of them at a time (`train.logprobs`): their fp32 logits and gradients never exist whole.
+    The lm_head runs on the masked positions only: the 150k-vocab logits of the other tokens are never needed.
     """
     hidden = noisy_hidden_states(model, batch, corruption.noisy_ids, block_size, backend)
     masked = corruption.masked
-    ce = -chosen_logprobs(hidden[masked], model.lm_head.weight, batch.input_ids[masked])
+    logits = model.lm_head(hidden[masked]).float()
+    ce = F.cross_entropy(logits, batch.input_ids[masked], reduction="none")
     return (ce / corruption.mask_prob[masked]).sum() / batch.response.sum().clamp(min=1)
