@@ -10,11 +10,12 @@ import torch
 from model_fixtures import VOCAB, tiny_config, tiny_model
 from typer.testing import CliRunner
 
+from dice_kernels import config_io
 from dice_kernels.cli import app
 from dice_kernels.model.config import SDAR_SHAPES
 from dice_kernels.sampling import decoder
 from dice_kernels.train.plan import GiB, format_rl_plan, rl_memory_plan
-from dice_kernels.train.rl.config import RolloutConfig
+from dice_kernels.train.rl.config import RLConfig, RolloutConfig
 from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE, Trajectory, replay_length
 
 BLOCK = 4
@@ -98,3 +99,27 @@ def test_cli_plan(tmp_path):
     for bad, message in ((["--gpus", "0"], "--gpus must be >= 1"), (["--prompt-tokens", "0"], "--prompt-tokens")):
         result = runner.invoke(app, ["train", "rl", "tiny", "--plan", *bad])
         assert result.exit_code == 2 and message in result.output
+
+
+def test_run_warns_before_its_first_rollout_when_a_step_may_not_fit():
+    """`dice train rl` on a GPU checks the plan with the task sets' longest prompt: a warning that names the fix
+    where the step may not fit, nothing where it fits."""
+    from importlib.resources import files
+
+    from dice_kernels.model.tokenizer import load_tokenizer
+    from dice_kernels.train.rl.curriculum import load_task_set
+    from dice_kernels.train.rl.rollout import rollout_prompt
+    from dice_kernels.train.rl.trainer import memory_warning
+
+    root = files("dice_kernels")
+    tokenizer = load_tokenizer(str(root / "assets" / "qwen3-tokenizer"))
+    sets = {"e2e": load_task_set(str(root / "examples" / "tasks"), "e2e")}
+    longest = max(len(tokenizer.encode(rollout_prompt(t, "e2e", "cuda"), add_special_tokens=False))
+                  for t in sets["e2e"])
+    cfg = config_io.load(RLConfig, config_io.config_path("rl", "dice"))  # DICE's: 64 x 16, 4,096 new tokens
+    warning = memory_warning(cfg, sets, tokenizer, SDAR_SHAPES["8B"], "cuda", 8, 64.0)
+    plan = rl_memory_plan(SDAR_SHAPES["8B"], 8, longest, cfg.rollout, cfg.update.micro_rows)
+    rows = plan.rollout_rows_within(0.95 * 64.0 * GiB)
+    assert warning is not None and f"prompts of up to {longest} tokens" in warning
+    assert f"rollout.batch_rows = {rows}" in warning and rows < 64
+    assert memory_warning(cfg, sets, tokenizer, SDAR_SHAPES["8B"], "cuda", 8, 139.8) is None

@@ -21,6 +21,7 @@ from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE
 
 GiB = 2**30
 COMPUTE_BYTES = 2  # bf16 activations and gathered parameters
+HEADROOM = 0.95  # a plan "fits" a GPU when its peak is at most this share of the GPU's memory
 # Per masked token and vocabulary entry at the start of backward: the saved fp32 log-softmax, its incoming fp32
 # gradient, the gradient of the logits (fp32) and its bf16 cast.
 LOGIT_BYTES = 4 + 4 + 4 + 2
@@ -131,7 +132,7 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float, checkpointing: bool) ->
     ]
     for ac in (False, True):
         total = plan.total(ac)
-        verdict = "fits" if total <= gpu_memory_gib * GiB * 0.95 else "does NOT fit"
+        verdict = "fits" if total <= gpu_memory_gib * GiB * HEADROOM else "does NOT fit"
         chosen = "  <- this config" if ac == checkpointing else ""
         lines.append(f"peak per GPU {'with' if ac else 'without'} AC: {g(total)} of {gpu_memory_gib:g} GiB: "
                      f"{verdict}{chosen}")
@@ -185,6 +186,9 @@ class RLMemoryPlan:
     def total(self, checkpointing: bool) -> float:
         return max(self.rollout_peak(), self.update_peak(checkpointing))
 
+    def fits(self, gpu_memory_gib: float, checkpointing: bool) -> bool:
+        return self.total(checkpointing) <= gpu_memory_gib * GiB * HEADROOM
+
 
 def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: RolloutConfig,
                    micro_rows: int) -> RLMemoryPlan:
@@ -226,6 +230,20 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
     )
 
 
+def rl_fit_advice(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: bool) -> list[str]:
+    """What to change where a step does not fit one GPU of `gpu_memory_gib` GiB (nothing where it fits)."""
+    budget, advice = gpu_memory_gib * GiB * HEADROOM, []
+    if plan.rollout_peak() > budget:
+        rows = plan.rollout_rows_within(budget)
+        advice.append(f"rollouts fit with rollout.batch_rows = {rows} (or fewer)" if rows else
+                      "rollouts do not fit at any rollout.batch_rows: shard over more GPUs")
+    if plan.update_peak(checkpointing) > budget:
+        advice.append("the update does not fit: lower update.micro_rows"
+                      + ("" if checkpointing else ", turn on parallel.activation_checkpointing")
+                      + " or shard over more GPUs")
+    return advice
+
+
 def format_rl_plan(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: bool) -> str:
     g = lambda b: f"{b / GiB:8.1f} GiB"  # noqa: E731
     weights_how = ("the trained model's, gathered in place (rollout.share_weights)" if plan.share_weights
@@ -259,21 +277,12 @@ def format_rl_plan(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: boo
                      "is off)")
     lines += [f"  update peak       {g(plan.update_peak(False))}   without activation checkpointing",
               f"  update peak (AC)  {g(plan.update_peak(True))}   with it"]
-    budget = gpu_memory_gib * GiB * 0.95
     for ac in (False, True):
-        total = plan.total(ac)
-        verdict = "fits" if total <= budget else "does NOT fit"
+        verdict = "fits" if plan.fits(gpu_memory_gib, ac) else "does NOT fit"
         chosen = "  <- this config" if ac == checkpointing else ""
-        lines.append(f"step peak per GPU {'with' if ac else 'without'} AC: {g(total)} of {gpu_memory_gib:g} GiB: "
-                     f"{verdict}{chosen}")
-    if plan.rollout_peak() > budget:
-        rows = plan.rollout_rows_within(budget)
-        lines.append(f"rollouts fit with rollout.batch_rows = {rows} (or fewer)" if rows else
-                     "rollouts do not fit at any rollout.batch_rows: shard over more GPUs")
-    if plan.update_peak(checkpointing) > budget:
-        lines.append("the update does not fit: lower update.micro_rows"
-                     + ("" if checkpointing else ", turn on parallel.activation_checkpointing") + " or shard over more "
-                     "GPUs")
+        lines.append(f"step peak per GPU {'with' if ac else 'without'} AC: {g(plan.total(ac))} of {gpu_memory_gib:g} "
+                     f"GiB: {verdict}{chosen}")
+    lines += rl_fit_advice(plan, gpu_memory_gib, checkpointing)
     lines.append("(plus the CUDA context, compiled kernels and allocator slack, ~1-3 GiB; 'fits' leaves 5 % headroom;"
                  " upper estimates: every row as long as allowed)")
     return "\n".join(lines)

@@ -47,6 +47,11 @@ def rollout_prompt(task: RLTask, phase: str, backend: str) -> str:
     return chat_prompt(user, SYSTEM_PROMPT)
 
 
+def prompt_ids(tokenizer, task: RLTask, phase: str, backend: str) -> list[int]:
+    """The token ids of `rollout_prompt`, as the sampler decodes after them."""
+    return tokenizer.encode(rollout_prompt(task, phase, backend), add_special_tokens=False)
+
+
 def infill_core(text: str) -> tuple[str | None, str]:
     """(core, problem) from an infilling response. The model is asked for the whole program in a code block; the
     core is the kernel-source assignment cut from it (data/infill.split_program). A code body that is not a whole
@@ -78,7 +83,7 @@ def generate_rollouts(model: BlockDiffusionLM, tokenizer: Any, tasks: list[RLTas
     derives from the sampling seed and the step, so a resumed step redraws the same responses from the same weights.
     The decoder's KV cache and graphs are freed at the end unless `keep_graphs` (a training update would otherwise
     hold them)."""
-    prompts = [tokenizer.encode(rollout_prompt(t, phase, backend), add_special_tokens=False) for t in tasks]
+    prompts = [prompt_ids(tokenizer, t, phase, backend) for t in tasks]
     rows = [(ti, k) for ti in range(len(tasks)) for k in range(group)]
     out: list[Rollout] = []
     was_training = model.training

@@ -22,12 +22,13 @@ from dice_kernels.train.checkpointing import RunSaves
 from dice_kernels.train.distributed import Dist, attention_backend, param_dtype
 from dice_kernels.train.model_setup import build_model, load_tokenizer_for, pad_token_id
 from dice_kernels.train.optim import build_optimizer, build_scheduler, clip_grad_norm
+from dice_kernels.train.plan import GiB, rl_fit_advice, rl_memory_plan
 from dice_kernels.train.run_loop import announce_config, previous_state, resumed_state, run_metrics, run_on_ranks
 from dice_kernels.train.rl.advantages import group_advantages
 from dice_kernels.train.rl.config import RLConfig, RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 from dice_kernels.train.rl.reward import RewardService
-from dice_kernels.train.rl.rollout import generate_rollouts, save_rollouts
+from dice_kernels.train.rl.rollout import generate_rollouts, prompt_ids, save_rollouts
 from dice_kernels.train.rl.tracerl import (REPLAY_MULTIPLE, ReplayBatch, Trajectory, denoising_rows, policy_loss,
                                            replay_batch, replay_length, row_of_scored, token_logprobs)
 
@@ -416,6 +417,21 @@ def unrunnable_tasks(sets: dict[str, list[RLTask]], backend: str) -> list[str]:
     return warnings
 
 
+def memory_warning(cfg: RLConfig, sets: dict[str, list[RLTask]], tokenizer, model_cfg, backend: str, gpus: int,
+                   gpu_memory_gib: float) -> str | None:
+    """The memory plan's verdict on this run when a step may not fit one GPU (`dice train rl --plan`, with the task
+    sets' longest prompt): said before the first rollout rather than met as an out-of-memory error minutes in. A
+    warning, not an error: the plan is an upper estimate (every response as long as allowed)."""
+    longest = max(len(prompt_ids(tokenizer, t, phase, backend)) for phase, tasks in sets.items() for t in tasks)
+    plan = rl_memory_plan(model_cfg, gpus, longest, cfg.rollout, cfg.update.micro_rows)
+    checkpointing = cfg.parallel.activation_checkpointing
+    if plan.fits(gpu_memory_gib, checkpointing):
+        return None
+    return (f"a step may not fit this GPU: the memory plan's peak is {plan.total(checkpointing) / GiB:.1f} GiB of "
+            f"{gpu_memory_gib:.1f} (prompts of up to {longest} tokens, responses of {cfg.rollout.max_new_tokens}); "
+            + "; ".join(rl_fit_advice(plan, gpu_memory_gib, checkpointing)) + " (details: dice train rl CONFIG --plan)")
+
+
 def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
     out = Path(cfg.out_dir)
     say = console.print if dist.is_main else (lambda *a, **k: None)
@@ -456,7 +472,11 @@ def _run(cfg: RLConfig, resume: bool, dist: Dist, console: Console) -> Path:
                                    "scheduler": scheduler.state_dict()}, cfg.debug.sigkill_after_step)
     try:
         backend = _broadcast(cfg.reward.eval_config().resolved_backend() if dist.is_main else "")
-        for warning in unrunnable_tasks(sets, backend):
+        warnings = unrunnable_tasks(sets, backend)
+        if dist.device.type == "cuda" and dist.is_main:
+            gib = torch.cuda.get_device_properties(dist.device).total_memory / GiB
+            warnings.append(memory_warning(cfg, sets, tokenizer, model.config, backend, dist.world_size, gib))
+        for warning in filter(None, warnings):
             say(f"[yellow]warning:[/] {warning}")
         step_fn = RLStep(model, optimizer, tokenizer, rewards, cfg.rollout, cfg.update, cfg.optim.grad_clip,
                          attention_backend(cfg.parallel, dist.device), backend, dist, policy, scheduler)
