@@ -159,6 +159,7 @@ class RLMemoryPlan:
     rollout_weights: float  # bf16 weights whole on every GPU: gathered in place, or the policy's copy
     refresh: float  # the copy's refresh: the fp32 state dict gathered whole (several GPUs, before the KV cache)
     kv_cache: float
+    prefill: float  # the prompts' forward that fills the cache, all at once: a layer's largest live temporaries
     decoder: float  # a forward's logits (bf16, fp32, the CUDA graphs' buffer)
     # updating
     grads: float  # fp32 gradients, sharded, accumulated over the micro-batches
@@ -170,11 +171,13 @@ class RLMemoryPlan:
     policy_copy: float  # the rollout policy's copy, kept through the update (without `share_weights`)
 
     def rollout_peak(self) -> float:
-        return self.weights + self.adam + self.rollout_weights + max(self.refresh, self.kv_cache + self.decoder)
+        return (self.weights + self.adam + self.rollout_weights
+                + max(self.refresh, self.kv_cache + max(self.prefill, self.decoder)))
 
     def rollout_rows_within(self, budget: float) -> int:
         """The most rows decoded together whose rollouts fit `budget` bytes (0: none)."""
-        per_row = (self.kv_cache + self.decoder) / self.rollout_rows  # shared prompt copies included: an upper bound
+        # shared prompt copies and their prefill counted per row: an upper bound
+        per_row = (self.kv_cache + max(self.prefill, self.decoder)) / self.rollout_rows
         free = budget - self.weights - self.adam - self.rollout_weights
         return max(0, int(free // per_row))
 
@@ -220,6 +223,9 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
         weights=4 * params / gpus, adam=8 * params / gpus,
         rollout_weights=copy, refresh=4 * params if gpus > 1 and not rollout.share_weights else 0.0,
         kv_cache=(rows * slots + copies * whole(seq - new, FLEX_BLOCK)) * kv_per_slot,
+        # one forward over every row's prompt (each copy's, when shared); its MLP holds the most at once: the
+        # residual stream, its norm, and the gate, up and activated projections
+        prefill=(copies or rows) * prompt_tokens * (2 * cfg.hidden_size + 3 * cfg.intermediate_size) * COMPUTE_BYTES,
         decoder=rows * block * cfg.vocab_size * (COMPUTE_BYTES + 4 + 4),
         grads=4 * params / gpus, gathered=gathered_bytes(layer, cfg.num_hidden_layers, gpus),
         root=(params - layer * cfg.num_hidden_layers) * 2 * COMPUTE_BYTES,
@@ -261,6 +267,7 @@ def format_rl_plan(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: boo
         lines.append(f"  copy's refresh    {g(plan.refresh)}   (the fp32 state dict gathered whole, before decoding)")
     lines += [
         f"  KV cache          {g(plan.kv_cache)}",
+        f"  prefill           {g(plan.prefill)}   (the prompts' forward, all at once, before decoding)",
         f"  decoder logits    {g(plan.decoder)}",
         f"  rollout peak      {g(plan.rollout_peak())}",
         f"updating, {plan.micro_rows} replayed row(s) a forward of up to {plan.replay_tokens} tokens "
