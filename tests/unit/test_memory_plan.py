@@ -1,5 +1,5 @@
 """The RL memory plan (`dice train rl --plan`): its sizes against the structures the code really allocates (the
-decoder's KV cache, a replayed row), against the H100 measurements it was checked on, and its advice."""
+decoder's KV cache, a replayed row), against the GPU measurements it was checked on, and its advice."""
 
 from __future__ import annotations
 

@@ -142,8 +142,9 @@ def format_plan(plan: MemoryPlan, gpu_memory_gib: float, checkpointing: bool) ->
 
 @dataclass(frozen=True)
 class RLMemoryPlan:
-    """Per-GPU bytes of an RL step: the states held throughout, then each phase's own. Upper estimates: every row
-    reaches the longest prompt plus `max_new_tokens`, and every block is decoded in all its denoising steps."""
+    """Per-GPU bytes of an RL step: the states held throughout, then each phase's own. The lengths are upper
+    estimates (every row reaches the longest prompt plus `max_new_tokens`, every block is decoded in all its
+    denoising steps); not counted: the compiled decoder's ~0.6 GiB, the CUDA context and the allocator's slack."""
 
     params: int
     gpus: int
@@ -291,5 +292,5 @@ def format_rl_plan(plan: RLMemoryPlan, gpu_memory_gib: float, checkpointing: boo
                      f"GiB: {verdict}{chosen}")
     lines += rl_fit_advice(plan, gpu_memory_gib, checkpointing)
     lines.append("(plus the CUDA context, compiled kernels and allocator slack, ~1-3 GiB; 'fits' leaves 5 % headroom;"
-                 " upper estimates: every row as long as allowed)")
+                 " every row as long as the config allows)")
     return "\n".join(lines)

@@ -219,10 +219,10 @@ class RLStep:
 
     def _micro_batches(self, trajs: list[Trajectory]) -> list[tuple[list[int], ReplayBatch]]:
         """(rows, their scoring layout) in groups of `micro_rows`, longest first so that rows of similar length
-        share a forward. With flex every micro-batch of the call has one length, a multiple of `REPLAY_MULTIPLE`, and one row
-        count (`flex_rows`): compiled flex compiles once per shape (about a minute for the 1.7B shape on the H200), so
-        a run compiles a few, not one per micro-batch (a step trains however many rollouts had reward variance, so
-        its last micro-batch would change size)."""
+        share a forward. With flex every micro-batch of the call has one length, a multiple of `REPLAY_MULTIPLE`,
+        and one row count (`flex_rows`): compiled flex compiles once per shape (about a minute for the 1.7B shape on
+        the H200), so a run compiles a few, not one per micro-batch (a step trains however many rollouts had reward
+        variance, so its last micro-batch would change size)."""
         block, mask_id = self.rollout.block_size, self.model.config.mask_token_id
         lengths = [replay_length(t, block) for t in trajs]
         rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
@@ -421,7 +421,7 @@ def memory_warning(cfg: RLConfig, sets: dict[str, list[RLTask]], tokenizer, mode
                    gpu_memory_gib: float) -> str | None:
     """The memory plan's verdict on this run when a step may not fit one GPU (`dice train rl --plan`, with the task
     sets' longest prompt): said before the first rollout rather than met as an out-of-memory error minutes in. A
-    warning, not an error: the plan is an upper estimate (every response as long as allowed)."""
+    warning, not an error: the plan's lengths are upper estimates (every response as long as allowed)."""
     longest = max(len(prompt_ids(tokenizer, t, phase, backend)) for phase, tasks in sets.items() for t in tasks)
     plan = rl_memory_plan(model_cfg, gpus, longest, cfg.rollout, cfg.update.micro_rows)
     checkpointing = cfg.parallel.activation_checkpointing
