@@ -104,6 +104,14 @@ def test_cli_plan(tmp_path):
     for bad, message in ((["--gpus", "0"], "--gpus must be >= 1"), (["--prompt-tokens", "0"], "--prompt-tokens")):
         result = runner.invoke(app, ["train", "rl", "tiny", "--plan", *bad])
         assert result.exit_code == 2 and message in result.output
+    # DICE's config names a checkpoint a new user does not have yet: the error says how to plan without it, and
+    # that way works
+    result = runner.invoke(app, ["train", "rl", "dice", "--plan", "--gpus", "8", "--set",
+                                 f"model.checkpoint={tmp_path / 'absent'}"])
+    assert result.exit_code == 2 and "no such checkpoint folder" in result.output
+    hint = result.output.split("without it: ")[1].split(" (")[0].split()
+    result = runner.invoke(app, ["train", "rl", "dice", "--plan", "--gpus", "8", *hint])
+    assert result.exit_code == 0 and "rollout.batch_rows = 47" in result.output  # 8B on 80 GB GPUs
 
 
 def test_run_warns_before_its_first_rollout_when_a_step_may_not_fit():

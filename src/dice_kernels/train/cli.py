@@ -15,6 +15,9 @@ SHOW_HELP = "Print the full config (every key, defaults included, overrides appl
 # the memory plans' machine (`--plan` of both trainers)
 GPUS = typer.Option(1, "--gpus", help="--plan: number of GPUs the model is sharded over.")
 GPU_MEMORY = typer.Option(80.0, "--gpu-memory", help="--plan: memory of one GPU, GiB.")
+PLAN_WITHOUT_CHECKPOINT = ("\n--plan reads only the checkpoint's config.json; to plan a shipped shape without it: "
+                           "--set model.checkpoint= --set model.shape=8B --set model.tokenizer=pkg:assets/qwen3-tokenizer"
+                           " (model.shape: 1.7B, 4B or 8B)")
 
 
 def _overrides(set_: list[str]) -> list[str]:
@@ -129,7 +132,7 @@ def sft(
         need_extra("train", "dice train sft")
         run_sft(cfg, resume=resume)
     except (ConfigError, DataError, ModelSetupError, CheckpointError, TrainError) as e:
-        fail(str(e))
+        fail(str(e) + (PLAN_WITHOUT_CHECKPOINT if plan and isinstance(e, CheckpointError) else ""))
 
 
 @app.command("rl")
@@ -184,7 +187,7 @@ def rl(
         need_extra("train", "dice train rl")
         run_rl(cfg, resume=resume)
     except (ConfigError, ModelSetupError, CheckpointError, RLError) as e:
-        fail(str(e))
+        fail(str(e) + (PLAN_WITHOUT_CHECKPOINT if plan and isinstance(e, CheckpointError) else ""))
 
 
 def _plan_model_config(cfg, gpus: int):
