@@ -113,13 +113,29 @@ class _State:
     nonfinite: Tensor
 
 
+def row_tokens(longest: int, max_new: int, block: int) -> int:
+    """A row's token buffer: room for a prompt of `longest` tokens and `max_new` new ones, in whole spans and blocks.
+    Positions past a row's limit stay masked and unread; the rounding only makes shapes recur across calls."""
+    total = -(-(longest + max_new) // SPAN_STEP) * SPAN_STEP
+    return -(-total // block) * block
+
+
+def flex_blocks(slots: int) -> int:
+    """`slots` rounded up to whole flex blocks: inductor's flex-decoding kernel failed every autotuned config (illegal
+    memory access) over a 1,284-slot cache on an H100, the rollouts of 16 KernelBench prompts with 256 new tokens."""
+    return -(-slots // FLEX_BLOCK) * FLEX_BLOCK
+
+
+def cache_slots(row_len: int, block: int) -> int:
+    """KV-cache slots of a row of `row_len` tokens: those, and a scratch block where padding queries write."""
+    return flex_blocks(row_len + block)
+
+
 def _initial_state(prompts: list[list[int]], block: int, steps: int, max_new: int, mask_id: int,
                    device: torch.device, longest: int) -> _State:
     """The rows' state for `prompts`, with room for a prompt of `longest` tokens (a later one may take a row)."""
     lengths = torch.tensor([len(p) for p in prompts], device=device)
-    # positions past a row's limit stay masked and unread; the rounding only makes shapes recur across calls
-    total = -(-(longest + max_new) // SPAN_STEP) * SPAN_STEP
-    total = -(-total // block) * block
+    total = row_tokens(longest, max_new, block)
     seq = torch.full((len(prompts), total), mask_id, dtype=torch.long, device=device)
     for row, prompt in enumerate(prompts):
         seq[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -190,9 +206,7 @@ class _CachedForward:
         # each forward's logits are used up before the next forward.
         self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] | None = {} if graphs and seq.is_cuda else None
         self.pool, self.logits, self.warmed = None, None, False
-        # whole flex blocks: inductor's flex-decoding kernel failed every autotuned config (illegal memory access)
-        # over a 1,284-slot cache on an H100, the rollouts of 16 KernelBench prompts with 256 new tokens
-        slots = -(-(seq.shape[1] + block) // FLEX_BLOCK) * FLEX_BLOCK
+        slots = cache_slots(seq.shape[1], block)
         dtype = next(model.parameters()).dtype
         self.cache = KVCache(cfg.num_hidden_layers, seq.shape[0], cfg.num_key_value_heads, slots, cfg.head_dim,
                              dtype, seq.device)
@@ -201,7 +215,7 @@ class _CachedForward:
         self.run = rows_per_prompt_copy(run, 2 * block * cfg.num_attention_heads // cfg.num_key_value_heads)
         self.prompts = None
         if self.run > 1:
-            prompt_slots = -(-prompt_slots // FLEX_BLOCK) * FLEX_BLOCK
+            prompt_slots = flex_blocks(prompt_slots)
             self.prompts = KVCache(cfg.num_hidden_layers, seq.shape[0] // self.run, cfg.num_key_value_heads, prompt_slots,
                                    cfg.head_dim, dtype, seq.device)
 

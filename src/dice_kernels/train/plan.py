@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from dice_kernels.model.attention import FLEX_BLOCK
 from dice_kernels.model.config import ModelConfig
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.sampling.decoder import SPAN_STEP, rows_per_prompt_copy
+from dice_kernels.sampling.decoder import cache_slots, flex_blocks, row_tokens, rows_per_prompt_copy
 from dice_kernels.train.logprobs import CHUNK_TOKENS
 from dice_kernels.train.rl.config import RolloutConfig
-from dice_kernels.train.rl.tracerl import REPLAY_MULTIPLE
+from dice_kernels.train.rl.tracerl import flex_replay_length
 
 GiB = 2**30
 COMPUTE_BYTES = 2  # bf16 activations and gathered parameters
@@ -200,20 +199,18 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
     `batch_rows` decoded together, prompts of up to `prompt_tokens`), then the TraceRL update, `micro_rows` replayed
     responses a forward."""
     params, layer = count_params(cfg)
-    whole = lambda n, k: -(-n // k) * k  # noqa: E731
     block, new = rollout.block_size, rollout.max_new_tokens
     share = -(-rollout.tasks_per_step * rollout.group // gpus)  # this rank's rollouts
     rows = min(rollout.batch_rows, share)
-    # as the decoder sizes its cache: prompt and new tokens in whole spans, a scratch block, whole flex blocks
-    seq = whole(whole(prompt_tokens + new, SPAN_STEP), block)
-    slots = whole(seq + block, FLEX_BLOCK)
+    seq = row_tokens(prompt_tokens, new, block)
+    slots = cache_slots(seq, block)
     kv_per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * COMPUTE_BYTES
     # compiled decoding of whole groups at once: a copy of a group's prompt per few rows, beside the rows' own cache
     # (which still has room for the prompt: a row of an uncompiled or refilled batch holds its own)
     shared = rollout.compile and rollout.share_prompts and rollout.group > 1 and rows == share
     copies = rows // rows_per_prompt_copy(rollout.group, 2 * block * cfg.num_attention_heads
                                           // cfg.num_key_value_heads) if shared else 0
-    replay = whole(prompt_tokens + new * (1 + rollout.steps), REPLAY_MULTIPLE)
+    replay = flex_replay_length(prompt_tokens + new * (1 + rollout.steps))
     scored = micro_rows * new
     chunk = min(CHUNK_TOKENS, scored)
     activations, activations_ac = activation_bytes(cfg, micro_rows * replay)
@@ -223,7 +220,7 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
         replay_tokens=replay, share_weights=rollout.share_weights,
         weights=4 * params / gpus, adam=8 * params / gpus,
         rollout_weights=copy, refresh=4 * params if gpus > 1 and not rollout.share_weights else 0.0,
-        kv_cache=(rows * slots + copies * whole(seq - new, FLEX_BLOCK)) * kv_per_slot,
+        kv_cache=(rows * slots + copies * flex_blocks(seq - new)) * kv_per_slot,
         # one forward over every row's prompt (each copy's, when shared); its MLP holds the most at once: the
         # residual stream, its norm, and the gate, up and activated projections
         prefill=(copies or rows) * prompt_tokens * (2 * cfg.hidden_size + 3 * cfg.intermediate_size) * COMPUTE_BYTES,

@@ -108,6 +108,11 @@ def replay_length(traj: Trajectory, block_size: int) -> int:
     return (seq - 1) // block_size * block_size + block_size * denoising_rows(traj, block_size)
 
 
+def flex_replay_length(longest: int) -> int:
+    """The length flex micro-batches pad their rows to, whose longest scoring row has `longest` tokens."""
+    return -(-longest // REPLAY_MULTIPLE) * REPLAY_MULTIPLE
+
+
 def replay_batch(trajectories: list[Trajectory], block_size: int, mask_id: int, pad_id: int,
                  multiple: int = 1, length: int = 0, rows: int = 0) -> ReplayBatch:
     """The scoring layout of a batch of trajectories, rows padded to `length` tokens, or to the longest row rounded

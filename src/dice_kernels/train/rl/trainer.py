@@ -29,8 +29,8 @@ from dice_kernels.train.rl.config import RLConfig, RolloutConfig, UpdateConfig
 from dice_kernels.train.rl.curriculum import Curriculum, RLTask, load_task_set
 from dice_kernels.train.rl.reward import RewardService
 from dice_kernels.train.rl.rollout import generate_rollouts, prompt_ids, save_rollouts
-from dice_kernels.train.rl.tracerl import (REPLAY_MULTIPLE, ReplayBatch, Trajectory, denoising_rows, policy_loss,
-                                           replay_batch, replay_length, row_of_scored, token_logprobs)
+from dice_kernels.train.rl.tracerl import (ReplayBatch, Trajectory, denoising_rows, flex_replay_length,
+                                           policy_loss, replay_batch, replay_length, row_of_scored, token_logprobs)
 
 
 class RLError(ValueError):
@@ -227,7 +227,7 @@ class RLStep:
         lengths = [replay_length(t, block) for t in trajs]
         rows = sorted(range(len(trajs)), key=lambda i: -lengths[i])
         n, flex = self.update.micro_rows, self.attention == "flex"
-        length = -(-max(lengths) // REPLAY_MULTIPLE) * REPLAY_MULTIPLE if flex else 0
+        length = flex_replay_length(max(lengths)) if flex else 0
         rows_per_batch = flex_rows(len(trajs), n) if flex else 0
         return [(part, replay_batch([trajs[i] for i in part], block, mask_id, self.pad_id, length=length,
                                     rows=rows_per_batch))
