@@ -14,7 +14,7 @@ from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout,
                                 block_diffusion_mask_mod, dense_mask, flex_block_mask, load_config, load_model,
                                 save_model)
 from dice_kernels.model import attention
-from dice_kernels.model.attention import attend, cached_block_mask, fold_gqa_mask
+from dice_kernels.model.attention import attend, cached_block_mask, cached_mask_mod, fold_gqa_mask
 from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
 
 CPU = torch.device("cpu")
@@ -133,6 +133,30 @@ def test_mask_mod_matches_the_rule_pair_by_pair():
                              for i in range(n)])
     assert torch.equal(got, expected)
     assert got.diagonal().all()  # every token sees itself: no empty softmax rows
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_the_cached_rule_is_the_block_rule_over_a_decoding_cache(block):
+    """Decoding's one-comparison mask (`cached_mask_mod`) against the SDAR rule for what a decode forward sends: each
+    row's current block as noisy queries, after, in a committing forward, its finished block as clean ones (or, for
+    a row not committing, a copy of its current block), over a cache whose slots from the current block on are
+    noisy. Rows at different blocks, a row at slot 0, every slot of the cache (later ones stale)."""
+    generator = torch.Generator().manual_seed(0)
+    batch, slots = 16, 40 * block
+    start = torch.randint(0, 30, (batch,), generator=generator) * block
+    start[0] = 0
+    commit = (torch.rand(batch, generator=generator) < 0.5) & (start > 0)
+    cur = start[:, None] + torch.arange(block)
+    k_pos = torch.arange(slots).expand(batch, -1)
+    keys = Layout(torch.zeros_like(k_pos), k_pos, k_pos >= start[:, None])
+    first = torch.where(commit[:, None], cur - block, cur)
+    for q_pos, noisy in ((cur, torch.ones_like(cur, dtype=torch.bool)),
+                         (torch.cat([first, cur], 1), torch.cat([~commit[:, None].expand_as(cur),
+                                                                 torch.ones_like(cur, dtype=torch.bool)], 1))):
+        rule = block_diffusion_mask_mod(Layout(torch.zeros_like(q_pos), q_pos, noisy), keys, block)
+        expected = dense_mask(rule, batch, q_pos.shape[1], slots, CPU)
+        assert expected.any(-1).all()  # every query sees something
+        assert torch.equal(dense_mask(cached_mask_mod(q_pos, block), batch, q_pos.shape[1], slots, CPU), expected)
 
 
 def test_flex_block_mask_and_dense_mask_agree():

@@ -61,6 +61,21 @@ def block_diffusion_mask_mod(q: Layout, k: Layout, block_size: int) -> MaskMod:
     return mask_mod
 
 
+def cached_mask_mod(q_pos: Tensor, block_size: int) -> MaskMod:
+    """The SDAR rule for queries over a KV cache indexed by position, as decoding fills it: every slot below a row's
+    current block holds a clean token, and its slots from that block on hold the block's noisy tokens (or stale
+    ones of later blocks). Over such a cache a query at position p, clean (a finished block) or noisy (the current
+    block), sees exactly the slots below its block's end, (p // block_size + 1) * block_size: one comparison a
+    score, where `block_diffusion_mask_mod` of the same layouts loads and divides six indices (flex evaluates it
+    for every score it computes)."""
+    block_end = (q_pos // block_size + 1) * block_size
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx < block_end[b, q_idx]
+
+    return mask_mod
+
+
 def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device: torch.device) -> Tensor:
     """Evaluate a mask_mod on every (query, key) pair at once: a bool [B, 1, Q, K] tensor for SDPA."""
     b = torch.arange(batch, device=device)[:, None, None]

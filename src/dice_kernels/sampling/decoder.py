@@ -23,8 +23,8 @@ from torch import Tensor
 
 from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, SharedPrefix,
-                                          block_diffusion_mask_mod, cached_block_mask, dense_mask, hide_before,
-                                          prefix_block_mask)
+                                          block_diffusion_mask_mod, cached_block_mask, cached_mask_mod, dense_mask,
+                                          hide_before, prefix_block_mask)
 from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, exponentials, sample_tokens, transfer_count
 
@@ -291,24 +291,21 @@ class _CachedForward:
     def _forward(self, state: _State, any_commit: bool, kv_len: int) -> Tensor:
         block, offsets = self.block, torch.arange(self.block, device=state.seq.device)
         cur = state.start[:, None] + offsets
-        q_pos, q_slots, q_noisy = cur, cur, torch.ones_like(cur, dtype=torch.bool)
+        q_pos, q_slots = cur, cur
         if any_commit:
             # Rows committing send the finished block as clean queries; the others send a copy of their current
-            # block as padding (noisy, so it always sees something) whose K/V go to scratch slots.
+            # block as padding, whose K/V go to scratch slots.
             commit = state.commit[:, None]
             first_pos = torch.where(commit, cur - block, cur)
             q_pos = torch.cat([first_pos, cur], 1)
             q_slots = torch.cat([torch.where(commit, cur - block, self.scratch + offsets), cur], 1)
-            q_noisy = torch.cat([~commit.expand_as(cur), q_noisy], 1)
         # Compiled, attention reads the whole cache (flex skips the key blocks past kv_len unread), so its shapes are
         # the same for every span and one compile serves them all; eager, the dense mask covers the span only.
         slots = self.cache.k.shape[3] if self.compiled else kv_len
-        k_pos = torch.arange(slots, device=cur.device).expand(cur.shape[0], -1)
-        queries = Layout(doc=torch.zeros_like(q_pos), pos=q_pos, noisy=q_noisy)
-        # Cache slot = position. Slots from the current block on hold this forward's noisy tokens, or stale
-        # data and scratch slots in later blocks, which the block rule hides.
-        keys = Layout(doc=torch.zeros_like(k_pos), pos=k_pos, noisy=k_pos >= state.start[:, None])
-        mask_mod = block_diffusion_mask_mod(queries, keys, block)
+        # Cache slot = position: slots below a row's current block hold clean tokens (a committing row's finished
+        # block among them, written by this forward), the current block's its noisy ones, later slots stale data
+        # and scratch, which the rule hides.
+        mask_mod = cached_mask_mod(q_pos, block)
         prefix = None
         if self.prompts is not None:
             # a row's slots before its first decode block hold its run's prompt: read from the run's copy
