@@ -12,7 +12,9 @@ attention code (eager). Random bf16 weights.
         --per-forward 1 --no-autoregressive --modes graphs_unshared,graphs_shared --compile --group 8 \
         --out dr.json                                                   # RL rollouts: a prompt read once per group
 
-Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call. With
+Tokens/s = generated tokens / wall time of the whole call (prefill included) after a short warm-up call; TFLOP/s =
+the call's matmul FLOPs (`matmul_flops`: prefill, every forward's blocks, committing forwards' finished blocks, the
+lm_head) / that time, to set against the GPU's matmul peak. With
 graphs two calls are timed: the first captures its graphs (`graphs_first`), the second replays them (`graphs`:
 the steady state of `dice bench` and RL rollouts, which decode batch after batch of one shape). The script only
 uses `decode`'s public API, so it also times an older checkout (PYTHONPATH) for a before/after in one run
@@ -36,6 +38,7 @@ from dice_kernels.model.attention import (DEFAULT_FLEX_DECODING_TILE, block_diff
                                          configure_flex_decoding, dense_mask)
 from dice_kernels.sampling import SamplingConfig, decode
 from dice_kernels.sampling.strategies import sample_tokens
+from dice_kernels.train.flops import layer_matmul_params
 
 TARGET_BATCH128_TPS = 3700
 TARGET_SPEEDUP_2TPF = 2.0
@@ -102,6 +105,20 @@ def profile_replays(model: BlockDiffusionLM, path: str) -> None:
     print("replay ms (median of 10):", report["replay_ms"])
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
+
+
+def matmul_flops(cfg: ModelConfig, rows: int, prefill_rows: int, prompt_len: int, new_tokens: int, block: int,
+                 forwards: int) -> float:
+    """The matmul FLOPs of one call of this benchmark's shape (every prompt `prompt_len` tokens, no stop token, so
+    the rows stay in step): the prefill of each prompt's whole blocks (`prefill_rows` prompts: one per run when a
+    run's rows share it), then per forward every row's block through the layers and the lm_head, and in each
+    forward that commits (the first of every decode block after the first) the finished block through the layers
+    again. Attention's own FLOPs are left out (~3 % here; its cost is reading the KV cache)."""
+    prefill = prompt_len // block * block
+    committing = -(-(prompt_len + new_tokens) // block) - prefill // block - 1
+    per_token, per_logit = 2 * layer_matmul_params(cfg), 2 * cfg.hidden_size * cfg.vocab_size
+    return (per_token * (prefill_rows * prefill + rows * block * (forwards + committing))
+            + per_logit * rows * block * forwards)
 
 
 def _timed(fn):
@@ -202,8 +219,12 @@ def main() -> None:
             seconds, _ = _timed(lambda: autoregressive_decode(model, prompts, args.new_tokens))
             runs["autoregressive"] = (seconds, args.new_tokens)
         for mode, (seconds, forwards) in runs.items():
+            prefill_rows = batch // args.group if mode == "graphs_shared" else batch
+            flops = (matmul_flops(cfg, batch, prefill_rows, args.prompt_len, args.new_tokens, 4, forwards)
+                     if mode != "autoregressive" else float("nan"))
             rows.append({"batch": batch, "mode": mode, "seconds": seconds, "forwards": forwards,
-                         "tokens_per_s": batch * args.new_tokens / seconds, "ms_per_forward": 1e3 * seconds / forwards})
+                         "tokens_per_s": batch * args.new_tokens / seconds, "ms_per_forward": 1e3 * seconds / forwards,
+                         "matmul_tflop": flops / 1e12, "matmul_tflops_per_s": flops / seconds / 1e12})
             print(f"measured: batch {batch} {mode} {seconds:.2f} s", flush=True)  # partial results if cut short
 
     def tps(batch: int, mode: str) -> float:
@@ -213,9 +234,11 @@ def main() -> None:
     graph_gain = {b: tps(b, "block4_1tok_graphs") / tps(b, "block4_1tok_eager") for b in batches}
     print(f"model {args.model if not args.smoke else 'smoke'} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {dtype}, prompts in runs of {args.group}")
-    print(f"{'batch':>5}  {'mode':<26} {'forwards':>8} {'ms/fwd':>8} {'tokens/s':>10}")
+    print(f"{'batch':>5}  {'mode':<26} {'forwards':>8} {'ms/fwd':>8} {'tokens/s':>10} {'matmul TFLOP':>12} "
+          f"{'TFLOP/s':>8}")
     for r in rows:
-        print(f"{r['batch']:>5}  {r['mode']:<26} {r['forwards']:>8} {r['ms_per_forward']:>8.2f} {r['tokens_per_s']:>10.0f}")
+        print(f"{r['batch']:>5}  {r['mode']:<26} {r['forwards']:>8} {r['ms_per_forward']:>8.2f} {r['tokens_per_s']:>10.0f} "
+              f"{r['matmul_tflop']:>12.1f} {r['matmul_tflops_per_s']:>8.1f}")
     for b, s in speedups.items():
         print(f"batch {b}: 2 tokens/forward (eager) vs autoregressive: {s:.2f}x (target >= {TARGET_SPEEDUP_2TPF}x); "
               f"1 token/forward, graphs vs eager: {graph_gain[b]:.2f}x")
