@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dice_kernels.model import attention
 from dice_kernels.model.attention import _flex_gqa as flex_gqa
-from dice_kernels.model.transformer import LayerOps, attention_inputs, mlp_residual
+from dice_kernels.model.transformer import LayerOps, attention_inputs, attention_inputs_to_cache, mlp_residual
 from dice_kernels.sampling import Generator, SamplingConfig, decode, decoder
 from dice_kernels.sampling.cli import generate
 from dice_kernels.prompts import e2e_user
@@ -137,7 +137,8 @@ class _FavourToken(torch.nn.Module):
 
 def _traced_layer_ops() -> LayerOps:
     """The layer regions as whole graphs (fullgraph, as `compiled_ops` compiles them), run by aot_eager."""
-    return LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
+    return LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager")
+                      for f in (attention_inputs, attention_inputs_to_cache, mlp_residual)))
 
 
 def test_layer_regions_trace_whole_and_decode_like_eager():
@@ -166,7 +167,7 @@ def test_cached_flex_attention_decodes_like_eager(monkeypatch, strategy, tempera
     prompts = PROMPTS + [list(range(30, 30 + n)) for n in (37, 130)]
     traced = _traced_layer_ops()
     proposals = []
-    traced_greedy = torch.compile(decoder._greedy_proposals, fullgraph=True, backend="aot_eager")
+    traced_greedy = torch.compile(decoder._greedy_by_logsumexp, fullgraph=True, backend="aot_eager")
     traced_sampled = torch.compile(decoder._proposals, fullgraph=True, backend="aot_eager")
     monkeypatch.setattr(decoder, "_compiles", lambda cfg, device: cfg.compile)
     monkeypatch.setattr(decoder, "compiled_ops", lambda: traced)
@@ -228,6 +229,21 @@ def test_the_mask_token_is_never_generated():
     model.lm_head = _FavourToken(model.lm_head, model.config.mask_token_id)
     out = decode(model, [[5, 6, 7]], SamplingConfig(max_new_tokens=8), NO_STOP)
     assert model.config.mask_token_id not in out.tokens[0]
+
+
+def test_greedy_by_logsumexp_proposes_the_softmax_maximum():
+    """Compiled decoding's greedy proposal (the max logit and exp(max - logsumexp)) against the eager one (the max of
+    the softmax): the same tokens and, up to fp32 rounding, the same confidences, from bf16 logits; the mask token is
+    never proposed, even where it holds a row's largest logit."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 4, 500, generator=generator) * 4).to(torch.bfloat16)
+    mask_id = 7
+    logits[0, :, mask_id] = 100
+    tokens, confidence = decoder._greedy_by_logsumexp(logits.clone(), mask_id)
+    expected_tokens, expected = decoder._proposals(logits.clone(), mask_id=mask_id, temperature=0.0, top_k=0,
+                                                   top_p=1.0, generator=None)
+    assert torch.equal(tokens, expected_tokens) and not (tokens == mask_id).any()
+    torch.testing.assert_close(confidence, expected, rtol=1e-5, atol=1e-7)
 
 
 def test_choose_unmask_strategies():

@@ -344,16 +344,23 @@ def _proposals(logits: Tensor, *, mask_id: int, temperature: float, top_k: int, 
     return sample_tokens(logits, temperature, top_k, top_p, generator, draws)
 
 
-def _greedy_proposals(logits: Tensor, mask_id: int) -> tuple[Tensor, Tensor]:
-    return _proposals(logits, mask_id=mask_id, temperature=0.0, top_k=0, top_p=1.0, generator=None)
+def _greedy_by_logsumexp(logits: Tensor, mask_id: int) -> tuple[Tensor, Tensor]:
+    """Greedy `_proposals` as two reductions of the logits, for compiling: the most likely token, and its
+    probability exp(max - logsumexp) rather than the max of the softmax (equal up to rounding). Compiled, it took
+    155 us against the compiled softmax's 240 at batch 128 x block 4 x SDAR's 151,936 logits (1x H100, the same
+    tokens)."""
+    logits = logits.float()
+    logits[..., mask_id] = float("-inf")
+    best, tokens = logits.max(-1)
+    return tokens, (best - torch.logsumexp(logits, -1)).exp()
 
 
 @functools.cache
 def _compiled_greedy_proposals() -> Callable[..., tuple[Tensor, Tensor]]:
-    """Greedy `_proposals` through torch.compile: the fp32 cast, the softmax and its max become reductions over the
-    bf16 logits, instead of eager's fp32 copy, probabilities and max (~0.7 ms of a 12 ms forward at batch 128, for
-    a 150k vocabulary). One compile per logits shape."""
-    return torch.compile(_greedy_proposals, dynamic=False, fullgraph=True)
+    """Greedy proposals through torch.compile (`_greedy_by_logsumexp`): reductions over the bf16 logits instead of
+    eager's fp32 copy, probabilities and max (~0.7 ms of a 12 ms forward at batch 128, for a 150k vocabulary). One
+    compile per logits shape."""
+    return torch.compile(_greedy_by_logsumexp, dynamic=False, fullgraph=True)
 
 
 @functools.cache
