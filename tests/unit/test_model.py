@@ -16,7 +16,6 @@ from dice_kernels.model import (Attention, CheckpointError, ConfigError, Layout,
 from dice_kernels.model import attention
 from dice_kernels.model.attention import attend, cached_block_mask, cached_mask_mod, fold_gqa_mask
 from dice_kernels.model.tokenizer import chat_prompt, load_tokenizer, stop_token_ids
-from dice_kernels.model.transformer import attention_inputs, attention_inputs_to_cache, rope_cos_sin
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager flex on CPU
@@ -134,33 +133,6 @@ def test_mask_mod_matches_the_rule_pair_by_pair():
                              for i in range(n)])
     assert torch.equal(got, expected)
     assert got.diagonal().all()  # every token sees itself: no empty softmax rows
-
-
-def test_attention_inputs_to_cache_store_k_and_v_at_each_rows_slots():
-    """The cached forward's first region: q as `attention_inputs` gives it, and k and v in the cache at each row's
-    own slots (head by head), every other slot untouched; eager and traced whole (fullgraph, as compiled)."""
-    model = tiny_model()
-    cfg, layer = model.config, model.model.layers[0]
-    a = layer.self_attn
-    batch, length, slots = 3, 4, 20
-    x = torch.randn(batch, length, cfg.hidden_size)
-    cos, sin = rope_cos_sin(torch.arange(length).expand(batch, -1), cfg.head_dim, cfg.rope_theta, x.dtype)
-    inputs = (x, layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_norm.weight,
-              a.k_norm.weight, cos, sin, 1e-6, a.num_heads, a.num_kv_heads)
-    where = torch.tensor([[8, 9, 10, 11], [0, 1, 2, 3], [16, 17, 18, 19]])
-    q, k, v = attention_inputs(*inputs)
-    traced = torch.compile(attention_inputs_to_cache, fullgraph=True, backend="aot_eager")
-    for store in (attention_inputs_to_cache, traced):
-        k_cache, v_cache = (torch.full((batch, cfg.num_key_value_heads, slots, cfg.head_dim), 7.0) for _ in range(2))
-        with torch.no_grad():
-            got_q = store(*inputs, k_cache, v_cache, where)
-        torch.testing.assert_close(got_q, q, rtol=0, atol=0)
-        for row in range(batch):
-            torch.testing.assert_close(k_cache[row][:, where[row]], k[row].transpose(0, 1), rtol=0, atol=0)
-            torch.testing.assert_close(v_cache[row][:, where[row]], v[row].transpose(0, 1), rtol=0, atol=0)
-            untouched = torch.ones(slots, dtype=torch.bool)
-            untouched[where[row]] = False
-            assert bool((k_cache[row][:, untouched] == 7).all() and (v_cache[row][:, untouched] == 7).all())
 
 
 @pytest.mark.parametrize("block", [1, 4])

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dice_kernels.model import attention
 from dice_kernels.model.attention import _flex_gqa as flex_gqa
-from dice_kernels.model.transformer import LayerOps, attention_inputs, attention_inputs_to_cache, mlp_residual
+from dice_kernels.model.transformer import LayerOps, attention_inputs, mlp_residual
 from dice_kernels.sampling import Generator, SamplingConfig, decode, decoder
 from dice_kernels.sampling.cli import generate
 from dice_kernels.prompts import e2e_user
@@ -137,8 +137,7 @@ class _FavourToken(torch.nn.Module):
 
 def _traced_layer_ops() -> LayerOps:
     """The layer regions as whole graphs (fullgraph, as `compiled_ops` compiles them), run by aot_eager."""
-    return LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager")
-                      for f in (attention_inputs, attention_inputs_to_cache, mlp_residual)))
+    return LayerOps(*(torch.compile(f, fullgraph=True, backend="aot_eager") for f in (attention_inputs, mlp_residual)))
 
 
 def test_layer_regions_trace_whole_and_decode_like_eager():

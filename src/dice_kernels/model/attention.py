@@ -166,12 +166,11 @@ class KVCache:
         slots lie in later blocks, which the mask hides."""
         return min(-(-needed // 16) * 16, self.k.shape[3])
 
-    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Layer `layer`'s keys and values, [B, Hkv, slots, D] views a forward stores its own into."""
-        return self.k[layer], self.v[layer]
-
-    def read(self, layer: int, kv_len: int) -> tuple[Tensor, Tensor]:
-        """Layer `layer`'s keys and values of slots [0, kv_len)."""
+    def write_and_read(self, layer: int, k: Tensor, v: Tensor, slots: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Store this forward's k/v [B, Hkv, Q, D] at `slots` [B, Q]; return the keys/values of slots [0, kv_len)."""
+        index = slots[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
         return self.k[layer, :, :, :kv_len], self.v[layer, :, :, :kv_len]
 
 

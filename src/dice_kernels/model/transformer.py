@@ -1,9 +1,8 @@
 """The SDAR/Qwen3 decoder: GQA with q/k RMSNorm, RoPE, SwiGLU, tied or untied lm_head. Module and parameter names
 mirror Hugging Face's Qwen3 (`model.layers.N.self_attn.q_proj`, ...) so a state dict maps 1:1 onto checkpoints.
 There is no logit shift: the logit at position i predicts token i. How tokens attend is passed in (`Attention`).
-A layer's element-wise work lives in two pure functions of tensors around attention (`attention_inputs`, or
-`attention_inputs_to_cache` with a KV cache; `mlp_residual`), so decoding can run them through torch.compile
-(`compiled_ops`)."""
+A layer's element-wise work lives in two pure functions of tensors around the KV-cache write and attention
+(`attention_inputs`, `mlp_residual`), so decoding can run them through torch.compile (`compiled_ops`)."""
 
 from __future__ import annotations
 
@@ -71,22 +70,6 @@ def attention_inputs(x: Tensor, norm_w: Tensor, q_w: Tensor, k_w: Tensor, v_w: T
     return q, k, F.linear(h, v_w).view(batch, length, kv_heads, head_dim)
 
 
-def attention_inputs_to_cache(x: Tensor, norm_w: Tensor, q_w: Tensor, k_w: Tensor, v_w: Tensor, q_norm_w: Tensor,
-                              k_norm_w: Tensor, cos: Tensor, sin: Tensor, eps: float, heads: int, kv_heads: int,
-                              k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> Tensor:
-    """`attention_inputs` with k and v stored in a KV cache layer ([B, kv_heads, cache slots, D] each) at `slots`
-    [B, L] rather than returned: q. Compiled, the stores fuse into the k norm and RoPE kernel (no scatter kernels, k
-    and v never written anywhere else); a row's slots must be distinct. The store indexes the cache as it lies (row,
-    head, slot): through a transposed view of it, or as a scatter, inductor copied the whole cache layer around
-    the store (docs/bench.md)."""
-    q, k, v = attention_inputs(x, norm_w, q_w, k_w, v_w, q_norm_w, k_norm_w, cos, sin, eps, heads, kv_heads)
-    rows = torch.arange(x.shape[0], device=x.device)[:, None, None]
-    head = torch.arange(kv_heads, device=x.device)[None, :, None]
-    k_cache[rows, head, slots[:, None]] = k.transpose(1, 2)
-    v_cache[rows, head, slots[:, None]] = v.transpose(1, 2)
-    return q
-
-
 def mlp_residual(x: Tensor, attn_out: Tensor, o_w: Tensor, norm_w: Tensor, gate_w: Tensor, up_w: Tensor,
                  down_w: Tensor, eps: float) -> Tensor:
     """o_proj and its residual, post-attention RMSNorm, the SwiGLU MLP and its residual."""
@@ -100,11 +83,10 @@ class LayerOps:
     """How a layer runs its two regions."""
 
     attention_inputs: Callable[..., tuple[Tensor, Tensor, Tensor]]
-    attention_inputs_to_cache: Callable[..., Tensor]
     mlp_residual: Callable[..., Tensor]
 
 
-EAGER_OPS = LayerOps(attention_inputs, attention_inputs_to_cache, mlp_residual)
+EAGER_OPS = LayerOps(attention_inputs, mlp_residual)
 
 
 @functools.cache
@@ -113,8 +95,7 @@ def compiled_ops() -> LayerOps:
     (the GEMMs stay cuBLAS calls). Compiled on first use per shape family and shared by every layer; decoding asks
     for it (`SamplingConfig.compile`) and captures its CUDA graphs after a warm-up forward, so they replay the fused
     kernels."""
-    return LayerOps(*(torch.compile(f, fullgraph=True) for f in (attention_inputs, attention_inputs_to_cache,
-                                                                 mlp_residual)))
+    return LayerOps(torch.compile(attention_inputs, fullgraph=True), torch.compile(mlp_residual, fullgraph=True))
 
 
 class SelfAttention(nn.Module):
@@ -129,15 +110,12 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def attend(self, q: Tensor, k: Tensor | None, v: Tensor | None, attn: Attention) -> Tensor:
-        """q [B, L, Hq, D], k and v [B, L, Hkv, D] -> [B, L, Hq * D]. With a KV cache k and v are None: this forward's
-        are in the cache already (`attention_inputs_to_cache`), and attention reads its slots [0, kv_len)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn: Attention) -> Tensor:
+        """q [B, L, Hq, D], k and v [B, L, Hkv, D] -> [B, L, Hq * D]: through the KV cache when there is one."""
         batch, length = q.shape[:2]
-        q = q.transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if attn.cache is not None:
-            k, v = attn.cache.read(self.layer_idx, attn.kv_len)
-        else:
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            k, v = attn.cache.write_and_read(self.layer_idx, k, v, attn.slots, attn.kv_len)
         if attn.prefix is not None:
             out = attend_with_prefix(q, k, v, attn.mask, attn.prefix, self.layer_idx)
         else:
@@ -162,15 +140,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: Attention, ops: LayerOps = EAGER_OPS) -> Tensor:
-        """The layer through `ops`' two regions (the first stores k and v when there is a KV cache). The weights are
-        read here, inside the layer's forward, where an FSDP2-sharded layer has them gathered."""
+        """The layer through `ops`' two regions. The weights are read here, inside the layer's forward, where an
+        FSDP2-sharded layer has them gathered."""
         a, mlp, eps = self.self_attn, self.mlp, self.input_layernorm.eps
-        inputs = (x, self.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.q_norm.weight,
-                  a.k_norm.weight, cos, sin, eps, a.num_heads, a.num_kv_heads)
-        if attn.cache is None:
-            q, k, v = ops.attention_inputs(*inputs)
-        else:
-            q, k, v = ops.attention_inputs_to_cache(*inputs, *attn.cache.layer(a.layer_idx), attn.slots), None, None
+        q, k, v = ops.attention_inputs(x, self.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight,
+                                       a.v_proj.weight, a.q_norm.weight, a.k_norm.weight, cos, sin, eps,
+                                       a.num_heads, a.num_kv_heads)
         return ops.mlp_residual(x, a.attend(q, k, v, attn), a.o_proj.weight, self.post_attention_layernorm.weight,
                                 mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, eps)
 
