@@ -53,6 +53,14 @@ def test_decode_throughput(tmp_path):
     rows = _json(tmp_path / "d.json")["rows"]
     assert {r["mode"] for r in rows} >= {"block4_1tok_eager", "block4_2tok_graphs", "autoregressive"}
     assert all(r["tokens_per_s"] > 0 for r in rows) and "autoregressive" in out
+    # the matmul count: 1 token a forward runs twice the forwards of 2, with the same prefill and commits, so the
+    # difference is the extra forwards' blocks through the smoke model's layers and lm_head (batch 4, block 4)
+    flops = {r["mode"]: r["matmul_tflop"] * 1e12 for r in rows if r["batch"] == 4}
+    forwards = {r["mode"]: r["forwards"] for r in rows if r["batch"] == 4}
+    extra = forwards["block4_1tok_graphs"] - forwards["block4_2tok_graphs"]
+    per_query = 2 * 2 * (64 * 16 * 2 * (4 + 2) + 3 * 64 * 128) + 2 * 64 * 512  # 2 layers, then the lm_head
+    assert extra > 0
+    assert flops["block4_1tok_graphs"] - flops["block4_2tok_graphs"] == pytest.approx(extra * 4 * 4 * per_query)
 
 
 def test_refill(tmp_path):
