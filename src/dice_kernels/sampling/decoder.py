@@ -25,6 +25,7 @@ from dice_kernels.config_io import ConfigError
 from dice_kernels.model.attention import (FLEX_BLOCK, Attention, KVCache, Layout, SharedPrefix,
                                           block_diffusion_mask_mod, cached_block_mask, cached_mask_mod, dense_mask,
                                           hide_before, prefix_block_mask)
+from dice_kernels.model.config import ModelConfig
 from dice_kernels.model.transformer import EAGER_OPS, BlockDiffusionLM, compiled_ops
 from dice_kernels.sampling.strategies import STRATEGIES, choose_unmask, exponentials, sample_tokens, transfer_count
 
@@ -212,7 +213,7 @@ class _CachedForward:
                              dtype, seq.device)
         # run > 1 (compiled only): runs of `run` rows decode one prompt, whose slots before the first decode block live
         # here (room for `prompt_slots`, whole flex blocks) once per `self.run` rows, not in the rows' cache
-        self.run = rows_per_prompt_copy(run, 2 * block * cfg.num_attention_heads // cfg.num_key_value_heads)
+        self.run = rows_per_prompt_copy(run, committing_queries_per_kv_head(cfg, block))
         self.prompts = None
         if self.run > 1:
             prompt_slots = flex_blocks(prompt_slots)
@@ -455,6 +456,12 @@ def release_graphs(model: BlockDiffusionLM) -> None:
     # cache of 128 rows of 2,176 slots at SDAR-4B's shape is 38 GiB: about what an RL step's update found taken when
     # it ran out of an H100's memory there.
     gc.collect()
+
+
+def committing_queries_per_kv_head(cfg: ModelConfig, block: int) -> int:
+    """The queries a row sends each kv head in a committing forward: two blocks, times the query heads sharing it
+    (GQA-folded, as flex decoding tiles them)."""
+    return 2 * block * cfg.num_attention_heads // cfg.num_key_value_heads
 
 
 def rows_per_prompt_copy(run: int, queries_per_row: int) -> int:

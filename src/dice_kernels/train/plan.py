@@ -13,7 +13,8 @@ import torch
 
 from dice_kernels.model.config import ModelConfig
 from dice_kernels.model.transformer import BlockDiffusionLM
-from dice_kernels.sampling.decoder import cache_slots, flex_blocks, row_tokens, rows_per_prompt_copy
+from dice_kernels.sampling.decoder import (cache_slots, committing_queries_per_kv_head, flex_blocks, row_tokens,
+                                           rows_per_prompt_copy)
 from dice_kernels.train.logprobs import CHUNK_TOKENS
 from dice_kernels.train.rl.config import RolloutConfig
 from dice_kernels.train.rl.tracerl import flex_replay_length
@@ -208,8 +209,7 @@ def rl_memory_plan(cfg: ModelConfig, gpus: int, prompt_tokens: int, rollout: Rol
     # compiled decoding of whole groups at once: a copy of a group's prompt per few rows, beside the rows' own cache
     # (which still has room for the prompt: a row of an uncompiled or refilled batch holds its own)
     shared = rollout.compile and rollout.share_prompts and rollout.group > 1 and rows == share
-    copies = rows // rows_per_prompt_copy(rollout.group, 2 * block * cfg.num_attention_heads
-                                          // cfg.num_key_value_heads) if shared else 0
+    copies = rows // rows_per_prompt_copy(rollout.group, committing_queries_per_kv_head(cfg, block)) if shared else 0
     replay = flex_replay_length(prompt_tokens + new * (1 + rollout.steps))
     scored = micro_rows * new
     chunk = min(CHUNK_TOKENS, scored)
